@@ -1,0 +1,245 @@
+"""Structured configs: the schema under the YAML tree in `conf/`.
+
+Hydra composes `conf/config.yaml` on top of `Config` (stored in the ConfigStore as
+`minirl_schema`), so a wrong key or a wrong type anywhere, a group file included, fails at
+composition. Range checks live in `__post_init__` and run when the entry point converts the
+composed config once with `OmegaConf.to_object`; below that, code gets typed dataclasses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from minirl.registry import ConfigError
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+@dataclass
+class TinyModelConfig:
+    """Shape of the embedded Qwen2 model and its locally trained byte-level BPE tokenizer."""
+
+    vocab_size: int = 1024
+    hidden_size: int = 192
+    num_layers: int = 4
+    num_heads: int = 6
+    num_kv_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 2048
+    tokenizer_corpus_rows: int = 3000  # synthetic conversations the BPE merges are learned from
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+            _check(getattr(self, key) > 0, f"model.tiny.{key}", "must be > 0")
+        _check(self.hidden_size % self.num_heads == 0, "model.tiny.hidden_size", "must be divisible by num_heads")
+        _check(self.num_heads % self.num_kv_heads == 0, "model.tiny.num_kv_heads", "must divide num_heads")
+
+
+@dataclass
+class ModelConfig:
+    # "tiny" = the embedded model this project builds; anything else is a Hugging Face hub id or a
+    # local directory written by save_pretrained (e.g. Qwen/Qwen2.5-0.5B-Instruct, ./outputs/ckpt)
+    name_or_path: str = "tiny"
+    dtype: DType = DType.float32
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    warm_start: bool = True  # tiny only: SFT on synthetic tool trajectories when not cached yet
+    cache_dir: str = "~/.cache/minirl"  # where the tiny model and its warm start are built
+    trust_remote_code: bool = False
+
+
+@dataclass
+class SFTConfig:
+    """Warm start on full synthetic tool trajectories (loss on assistant tokens only)."""
+
+    rows: int = 4000
+    epochs: int = 2
+    batch_size: int = 16
+    lr: float = 2e-3
+    warmup_steps: int = 30
+    max_length: int = 1024
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("rows", "epochs", "batch_size", "max_length"):
+            _check(getattr(self, key) > 0, f"sft.{key}", "must be > 0")
+        _check(self.lr > 0, "sft.lr", "must be > 0")
+
+
+@dataclass
+class ToolsConfig:
+    names: List[str] = field(
+        default_factory=lambda: [
+            "calculate_math",
+            "unit_converter",
+            "get_current_weather",
+            "get_current_time",
+            "get_exchange_rate",
+            "translate_text",
+        ]
+    )
+    timeout_s: float = 2.0  # per call
+    max_output_chars: int = 2048  # observation cap; longer output is cut with a marker
+    max_calls_per_turn: int = 4  # more calls in one turn make the turn invalid
+
+    def __post_init__(self) -> None:
+        _check(len(self.names) > 0, "tools.names", "must name at least one tool")
+        _check(self.timeout_s > 0, "tools.timeout_s", "must be > 0")
+        _check(self.max_output_chars > 0, "tools.max_output_chars", "must be > 0")
+        _check(self.max_calls_per_turn > 0, "tools.max_calls_per_turn", "must be > 0")
+
+
+@dataclass
+class RewardConfig:
+    # weight of each registered reward term; every term is logged, weight 0 included
+    weights: Dict[str, float] = field(default_factory=dict)
+    clip: float = 3.0  # the weighted sum is clipped to [-clip, clip]
+
+    def __post_init__(self) -> None:
+        _check(self.clip > 0, "reward.clip", "must be > 0")
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"  # registry key: hf | vllm
+    group_size: int = 8  # trajectories sampled per prompt (G)
+    max_turns: int = 3  # assistant turns per trajectory
+    max_new_tokens: int = 96  # per assistant turn
+    max_total_tokens: int = 1024  # prompt + whole conversation
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    gpu_memory_utilization: float = 0.4  # vllm only
+
+    def __post_init__(self) -> None:
+        _check(self.group_size >= 1, "rollout.group_size", "must be >= 1")
+        _check(self.max_turns >= 1, "rollout.max_turns", f"must be >= 1, got {self.max_turns}")
+        _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+        _check(self.max_total_tokens > self.max_new_tokens, "rollout.max_total_tokens", "must exceed max_new_tokens")
+        _check(self.temperature > 0, "rollout.temperature", "must be > 0 (sampling is required for RL)")
+        _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+        _check(self.top_k >= 0, "rollout.top_k", "must be >= 0")
+
+
+@dataclass
+class LossConfig:
+    name: str = "grpo"  # registry key: grpo | cispo
+    clip_low: float = 0.2  # ratio lower clip 1 - clip_low (grpo)
+    clip_high: float = 0.2  # ratio upper clip 1 + clip_high (grpo), IS-weight cap 1 + clip_high (cispo)
+    beta: float = 0.02  # KL coefficient to the frozen reference; 0 = no reference model
+    kl_estimator: str = "k3"  # registry key: k1 | k2 | k3
+    agg: str = "token-mean"  # token-mean | seq-mean-token-mean
+
+    def __post_init__(self) -> None:
+        _check(self.clip_low >= 0, "loss.clip_low", f"must be >= 0, got {self.clip_low}")
+        _check(self.clip_high >= 0, "loss.clip_high", f"must be >= 0, got {self.clip_high}")
+        _check(self.beta >= 0, "loss.beta", f"must be >= 0, got {self.beta}")
+
+
+@dataclass
+class AlgoConfig:
+    adv_estimator: str = "grpo"  # registry key
+    adv_eps: float = 1e-4  # added to the group std
+
+    def __post_init__(self) -> None:
+        _check(self.adv_eps >= 0, "algo.adv_eps", "must be >= 0")
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic_tools"  # registry key: synthetic_tools | jsonl
+    path: Optional[str] = None  # jsonl: training tasks
+    heldout_path: Optional[str] = None  # jsonl: held-out tasks (default: the file's last heldout_size rows)
+    train_size: int = 2000
+    heldout_size: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.train_size > 0, "data.train_size", "must be > 0")
+        _check(self.heldout_size > 0, "data.heldout_size", "must be > 0")
+
+
+class LRSchedule(str, Enum):
+    constant = "constant"
+    cosine = "cosine"
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 40
+    prompts_per_step: int = 8  # tasks per step; the batch holds prompts_per_step * group_size trajectories
+    lr: float = 3e-4
+    lr_schedule: LRSchedule = LRSchedule.constant
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 16  # trajectories per forward/backward
+    eval_every: int = 10  # held-out evaluation every N steps (and at step 0 and the end)
+    eval_temperature: float = 0.0  # 0 = greedy
+    save_final: bool = True
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "prompts_per_step", "micro_batch_size", "eval_every"):
+            _check(getattr(self, key) > 0, f"trainer.{key}", "must be > 0")
+        _check(self.lr > 0, "trainer.lr", "must be > 0")
+        _check(self.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0")
+        _check(self.eval_temperature >= 0, "trainer.eval_temperature", "must be >= 0")
+
+
+class WandbMode(str, Enum):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+@dataclass
+class LoggerConfig:
+    backend: str = "wandb"  # registry key: wandb | none (metrics.jsonl and the console are always on)
+    project: str = "minirl"
+    mode: WandbMode = WandbMode.offline  # `logger.mode=online` streams to W&B
+    run_name: Optional[str] = None
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    output_dir: str = "."  # set by the entry point to the Hydra run directory
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="minirl_schema", node=Config)
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """Convert the composed config once; range checks run here. Raises ConfigError."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except ConfigError:
+        raise
+    except Exception as err:  # omegaconf validation errors carry the key
+        raise ConfigError(str(err).splitlines()[0]) from err

@@ -1,0 +1,56 @@
+"""What every command-line entry point shares: fail fast with one clear line on a bad config,
+convert the composed config once to typed dataclasses, and point it at the Hydra run directory."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from rich.console import Console
+
+from minirl.config import Config, register_configs, to_config
+from minirl.registry import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
+    """Reject `group=option` overrides whose option file does not exist, before Hydra starts,
+    with one line naming the group and the valid options (Hydra's own message spans several)."""
+    groups = {p.name for p in conf_dir.iterdir() if p.is_dir()}
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, value = arg.split("=", 1)
+        key = key.lstrip("+~")
+        if key not in groups or value in ("null", ""):
+            continue
+        options = sorted(p.stem for p in (conf_dir / key).glob("*.yaml"))
+        for choice in value.split(","):  # multirun sweeps list several
+            if choice not in options:
+                raise ConfigError(f"unknown {key} '{choice}'; known: {', '.join(options)}")
+
+
+def run_entry(dict_cfg: DictConfig, job: Callable[[Config, Console], object]) -> None:
+    console = Console()
+    try:
+        cfg = to_config(dict_cfg)
+        cfg.output_dir = HydraConfig.get().runtime.output_dir
+        job(cfg, console)
+    except ConfigError as err:
+        console.print(f"[bold red]config error:[/] {err}", highlight=False)
+        sys.exit(2)
+
+
+def launch(main: Callable[[], None]) -> None:
+    """Run a @hydra.main function after the fast group-option check."""
+    register_configs()
+    try:
+        check_group_choices(sys.argv[1:])
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
+    main()

@@ -1,0 +1,97 @@
+"""Build, warm-start and cache the embedded tiny model.
+
+The cache directory's name is a hash of everything the result depends on (the tiny-model and
+SFT configs, the data split, and the source of the code that generates the data and the model),
+so a changed setting or generator builds a fresh model instead of reusing a stale one. Each
+stage is written to a temporary directory and renamed into place, so a crash never leaves a
+half-written checkpoint that looks complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import time
+from importlib import resources
+from pathlib import Path
+
+from minirl.config import Config
+
+# modules whose source decides what the built model is
+_SOURCES = [
+    ("minirl.models", "tiny.py"),
+    ("minirl.models", "chat_template.jinja"),
+    ("minirl.data", "synthetic_tools.py"),
+    ("minirl.tools", "minimind.py"),
+    ("minirl", "sft.py"),
+]
+
+
+def cache_key(cfg: Config) -> str:
+    h = hashlib.sha256()
+    settings = {
+        "tiny": dataclasses.asdict(cfg.model.tiny),
+        "sft": dataclasses.asdict(cfg.sft),
+        "data": [cfg.data.name, cfg.data.seed, cfg.data.train_size, cfg.data.heldout_size, cfg.data.path],
+    }
+    h.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    for package, name in _SOURCES:
+        h.update(resources.files(package).joinpath(name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _save_atomically(target: Path, model, tokenizer) -> None:
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.replace(tmp, target)
+    except OSError:  # another process finished the same build first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_base(cfg: Config, target: Path) -> None:
+    from minirl.data.synthetic_tools import sft_rows
+    from minirl.data.task import task_from_row
+    from minirl.models.tiny import build_model, build_tokenizer, render_texts
+
+    rows = sft_rows(cfg.model.tiny.tokenizer_corpus_rows, seed=cfg.model.tiny.seed + 1000, exclude_prompts=set())
+    tasks = [task_from_row(row, f"corpus[{i}]") for i, row in enumerate(rows)]
+    tokenizer = build_tokenizer(cfg.model.tiny, render_texts((t.conversation, t.tools) for t in tasks))
+    _save_atomically(target, build_model(cfg.model.tiny, tokenizer), tokenizer)
+
+
+def _warm_start(cfg: Config, base: Path, target: Path, console) -> None:
+    from minirl.models.loading import load_model, load_tokenizer, resolve_device
+    from minirl.sft import sft_examples, train_sft
+
+    device = resolve_device(cfg.trainer.device)
+    model, tokenizer = load_model(str(base), cfg, device), load_tokenizer(str(base), cfg)
+    examples = sft_examples(tokenizer, cfg)
+    console.print(
+        f"[bold]warm start[/]: no cached SFT checkpoint; training on {len(examples)} synthetic tool conversations "
+        f"for {cfg.sft.epochs} epochs (cached in {target.parent})"
+    )
+    start = time.perf_counter()
+    loss = train_sft(model, tokenizer, examples, cfg.sft, device)
+    console.print(f"warm start done in {time.perf_counter() - start:.0f}s, final epoch loss {loss:.3f}")
+    _save_atomically(target, model, tokenizer)
+
+
+def ensure_tiny(cfg: Config, console, warm: bool) -> Path:
+    """Directory of the tiny model: the warm-started one if `warm`, else the untrained base."""
+    root = Path(cfg.model.cache_dir).expanduser() / f"tiny-{cache_key(cfg)}"
+    root.mkdir(parents=True, exist_ok=True)
+    base, sft = root / "base", root / "sft"
+    if not (base / "config.json").exists():
+        console.print(f"building the embedded tiny model in {root}")
+        _build_base(cfg, base)
+    if not warm:
+        return base
+    if not (sft / "config.json").exists():
+        _warm_start(cfg, base, sft, console)
+    return sft

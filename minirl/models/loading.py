@@ -1,0 +1,46 @@
+"""Load a policy (and its tokenizer) by hub id or local path, through the Auto* classes.
+
+`model.name_or_path=tiny` resolves to the embedded model's cache directory first (building and
+warm-starting it when missing); from there on it is loaded exactly like any other checkpoint.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from minirl.config import Config
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_model_path(cfg: Config, console, warm_start: bool = True) -> str:
+    if cfg.model.name_or_path != "tiny":
+        return cfg.model.name_or_path
+    from minirl.models.bootstrap import ensure_tiny
+
+    return str(ensure_tiny(cfg, console, warm=cfg.model.warm_start and warm_start))
+
+
+def load_model(path: str, cfg: Config, device: torch.device, trainable: bool = True):
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=getattr(torch, cfg.model.dtype.value), trust_remote_code=cfg.model.trust_remote_code
+    ).to(device)
+    model.requires_grad_(trainable)
+    return model.train(trainable)
+
+
+def load_tokenizer(path: str, cfg: Config):
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model_and_tokenizer(cfg: Config, console, device: torch.device, warm_start: bool = True):
+    path = resolve_model_path(cfg, console, warm_start)
+    return load_model(path, cfg, device), load_tokenizer(path, cfg)

@@ -1,0 +1,91 @@
+"""Whole-token matching of ground-truth values in answer text.
+
+A value counts only as a whole token, never as a substring: the gt "23" is found in "23",
+"23°C", "is 23." and "(23)" but not in "123", "230", "23.5", "1.23" or "x23y". Plain substring
+checks (MiniMind's `gt in text`) reward "1234" for a gt of "23", which a policy learns to exploit
+by printing long digit strings.
+
+- numeric values ("23", "-4.5", "1,024") are compared as numbers against every number in the
+  text, so "23.0" and "23" agree and "1,024" matches "1024" (zero-padded ones, "023", only as
+  written);
+- other values are matched case-insensitively as a whole word or phrase (any run of whitespace
+  between its words).
+
+Both sides are NFKC-normalised first (full-width digits, "℃" -> "°C"). CJK characters count as
+token boundaries, since CJK text has no spaces: "气温23度" contains "23" and "北京市" contains "北京".
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING
+
+from minirl.rollout.trajectory import FinishReason
+
+if TYPE_CHECKING:
+    from minirl.rollout.trajectory import Trajectory
+
+# kana, CJK ideographs and hangul: no spaces between words (Korean glues particles onto them)
+CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+# one character that glues onto a token: a letter, digit or underscore that is not CJK
+_WORD = rf"[^\W{CJK}]"
+# a number in running text: not glued to a word or to a preceding "1." and not continued by
+# ".5"; a leading minus belongs to it only when the minus itself starts a token ("-3", not "20-3")
+_NUMBER = re.compile(rf"(?<!{_WORD})(?<!\d\.)(-?\d+(?:,\d{{3}})*(?:\.\d+)?)(?!{_WORD})(?!\.\d)")
+_NUMERIC_VALUE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+
+
+def _normalise(text: str) -> str:
+    return unicodedata.normalize("NFKC", text)
+
+
+def _as_number(token: str) -> Decimal | str:
+    """The number a token stands for; a zero-padded integer part ("023", "08") stays a string,
+    since it is usually a code or a clock reading, not the number 23."""
+    digits = token.replace(",", "").lstrip("+")
+    whole = digits.lstrip("-").split(".")[0]
+    if len(whole) > 1 and whole.startswith("0"):
+        return digits
+    try:
+        return Decimal(digits)
+    except InvalidOperation:
+        return digits
+
+
+def _phrase_pattern(value: str) -> re.Pattern[str]:
+    words = value.split()
+    body = r"\s+".join(re.escape(w) for w in words)
+    # boundaries only where the value itself ends in a token character: "C++" or "23%" may be
+    # followed by anything, "abc" may not be followed by "d"
+    before = rf"(?<!{_WORD})" if re.match(_WORD, words[0][0]) else ""
+    after = rf"(?!{_WORD})" if re.match(_WORD, words[-1][-1]) else ""
+    if words[0][0].isdigit():
+        before += r"(?<!\d\.)"  # "2 cups" is not in "1.2 cups"
+    if words[-1][-1].isdigit():
+        after += r"(?!\.\d)"  # "Python 3" is not in "Python 3.11"
+    return re.compile(before + body + after, re.IGNORECASE)
+
+
+def contains_value(text: str, value: str) -> bool:
+    """Whether `value` occurs in `text` as a whole token (see the module doc). Blank values never match."""
+    text, value = _normalise(text), _normalise(value).strip()
+    if not value:
+        return False
+    if _NUMERIC_VALUE.fullmatch(value):
+        target = _as_number(value)
+        return any(_as_number(m.group(1)) == target for m in _NUMBER.finditer(text))
+    return _phrase_pattern(value.casefold()).search(text.casefold()) is not None
+
+
+def gt_hits(text: str, gt: list[str]) -> list[bool]:
+    """For each gt value, whether it occurs in `text` as a whole token."""
+    return [contains_value(text, value) for value in gt]
+
+
+def is_success(traj: Trajectory) -> bool:
+    """Ended with an answer and every gt value is in it; with no gt, ending with an answer suffices."""
+    if traj.finish_reason is not FinishReason.ANSWER:
+        return False
+    return all(gt_hits(traj.final_text, traj.task.gt))

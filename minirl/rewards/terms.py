@@ -1,0 +1,186 @@
+"""MiniMind's rule reward for tool use, split into named terms.
+
+Each term is a plain function `term(traj) -> float` returning an UNWEIGHTED value; the weights
+come from `reward.weights` in the config. `score` computes every registered term, so each one has
+an entry in the logged dict even at weight 0 (`term_values` gives the unweighted values), and
+clips the weighted sum to [-clip, clip].
+
+Add a term:
+
+    @REWARD_TERMS.register("my_term")
+    def my_term(traj: Trajectory) -> float: ...
+
+then `+reward.weights.my_term=0.5`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
+
+from minirl.protocol.parsing import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TurnKind
+from minirl.registry import ConfigError, Registry
+from minirl.rewards.matching import CJK, gt_hits
+from minirl.rollout.trajectory import FinishReason, Trajectory
+
+RewardTerm = Callable[[Trajectory], float]
+REWARD_TERMS: Registry[RewardTerm] = Registry("reward term")
+
+THINK_CLOSE = "</think>"
+THINK_OPEN = "<think>"
+_OUT_OF_BUDGET = (FinishReason.MAX_TURNS, FinishReason.TURN_TOKENS, FinishReason.TOKEN_BUDGET)
+# a word is a run of letters/digits; each CJK character is a word of its own (no spaces there)
+_WORDS = re.compile(rf"[{CJK}]|[^\W_{CJK}]+")
+
+
+class RewardWeights(Protocol):
+    """What `score` reads from the config (`RewardConfig`)."""
+
+    weights: Mapping[str, float]
+    clip: float
+
+
+def used_tools(traj: Trajectory) -> bool:
+    """Whether any turn parsed to a tool call; selects MiniMind's tool or no-tool branch."""
+    return any(turn.parsed.kind is TurnKind.TOOL for turn in traj.turns)
+
+
+def _think_text(text: str) -> str:
+    """The reasoning before the first </think>; the opening <think> may sit in the prompt."""
+    head = text.split(THINK_CLOSE, 1)[0]
+    return head.rsplit(THINK_OPEN, 1)[-1].strip()
+
+
+def _last_words(traj: Trajectory) -> str:
+    """The final answer, or the last turn's raw text when the trajectory did not end with one."""
+    if traj.finish_reason is FinishReason.ANSWER:
+        return traj.final_text
+    return traj.turns[-1].text if traj.turns else ""
+
+
+# -- both branches ---------------------------------------------------------------------------
+
+
+@REWARD_TERMS.register("tool_alignment")
+def tool_alignment(traj: Trajectory) -> float:
+    """+1 if the valid calls match the gt count and none is invalid, else -gap; 0 without tools.
+
+    gap = |valid calls - len(gt)| + invalid calls, counted over executed calls (ToolResult); a call
+    is invalid when it named an unknown tool or its arguments were rejected. MiniMind's proxy for
+    "one call per value to look up": each gt value is expected to cost one call.
+    """
+    if not used_tools(traj):
+        return 0.0
+    results = [r for turn in traj.turns for r in turn.tool_results]
+    valid = sum(1 for r in results if r.valid_call)
+    gap = abs(valid - len(traj.task.gt)) + (len(results) - valid)
+    return 1.0 if gap == 0 else -float(gap)
+
+
+@REWARD_TERMS.register("gt_hit")
+def gt_hit(traj: Trajectory) -> float:
+    """Share of gt values found, as whole tokens, in the final answer; 0 without gt.
+
+    MiniMind checked gt only on the tool branch; checking it on both means a tool task answered
+    from memory without tools cannot out-score a correct one.
+    """
+    gt = traj.task.gt
+    if not gt:
+        return 0.0
+    return sum(gt_hits(traj.final_text, gt)) / len(gt)
+
+
+@REWARD_TERMS.register("unfinished")
+def unfinished(traj: Trajectory) -> float:
+    """-1 when turns or tokens ran out before an answer."""
+    return -1.0 if traj.finish_reason in _OUT_OF_BUDGET else 0.0
+
+
+@REWARD_TERMS.register("invalid_turn")
+def invalid_turn(traj: Trajectory) -> float:
+    """-1 when the rollout stopped on a turn that could not be parsed."""
+    return -1.0 if traj.finish_reason is FinishReason.INVALID else 0.0
+
+
+@REWARD_TERMS.register("tag_balance")
+def tag_balance(traj: Trajectory) -> float:
+    """-sum over turns of |#<tool_call> - #</tool_call>| in the raw turn text."""
+    return -float(sum(abs(t.text.count(TOOL_CALL_OPEN) - t.text.count(TOOL_CALL_CLOSE)) for t in traj.turns))
+
+
+@REWARD_TERMS.register("repetition")
+def repetition(traj: Trajectory) -> float:
+    """Minus the share of word 3-grams that repeat an earlier one, in [-1, 0].
+
+    Scored on the final answer, or on the last turn's raw text when there is no answer (a
+    degenerate loop usually is what ran out of tokens). Fewer than three words -> 0.
+    """
+    words = _WORDS.findall(_last_words(traj).casefold())
+    grams = list(zip(words, words[1:], words[2:], strict=False))  # shorter lists on purpose
+    if not grams:
+        return 0.0
+    return -(len(grams) - len(set(grams))) / len(grams)
+
+
+# -- no-tool branch only (0 when tools were used) ----------------------------------------------
+
+
+@REWARD_TERMS.register("answer_length")
+def answer_length(traj: Trajectory) -> float:
+    """+1 if the final answer has 5..800 characters, else -1 (no answer counts as empty)."""
+    if used_tools(traj):
+        return 0.0
+    return 1.0 if 5 <= len(traj.final_text) <= 800 else -1.0
+
+
+@REWARD_TERMS.register("think_length")
+def think_length(traj: Trajectory) -> float:
+    """If the last turn closes a <think> block: +1 if the reasoning has 20..300 characters, else -0.5."""
+    if used_tools(traj) or not traj.turns or THINK_CLOSE not in traj.turns[-1].text:
+        return 0.0
+    return 1.0 if 20 <= len(_think_text(traj.turns[-1].text)) <= 300 else -0.5
+
+
+@REWARD_TERMS.register("think_count")
+def think_count(traj: Trajectory) -> float:
+    """If the last turn closes a <think> block: +1 for exactly one </think>, else -1."""
+    if used_tools(traj) or not traj.turns or THINK_CLOSE not in traj.turns[-1].text:
+        return 0.0
+    return 1.0 if traj.turns[-1].text.count(THINK_CLOSE) == 1 else -1.0
+
+
+# -- scoring -----------------------------------------------------------------------------------
+
+
+def check_weights(weights: Mapping[str, float]) -> None:
+    """Raise ConfigError for a weight on an unknown term or a weight that is not a finite number."""
+    for name, weight in weights.items():
+        if name not in REWARD_TERMS:
+            REWARD_TERMS.get(name)  # raises, listing the known terms
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ConfigError(f"reward.weights.{name}: must be a finite number, got {weight!r}")
+
+
+def term_values(traj: Trajectory) -> dict[str, float]:
+    """Term name -> UNWEIGHTED value, for every registered term."""
+    return {name: float(REWARD_TERMS.get(name)(traj)) for name in REWARD_TERMS}
+
+
+def score(traj: Trajectory, cfg: RewardWeights) -> tuple[float, dict[str, float]]:
+    """(clipped weighted sum, term name -> weighted value) over every registered term.
+
+    A term without a weight counts with weight 0 but is still computed and present in the dict.
+    """
+    check_weights(cfg.weights)
+    # "+ 0.0" turns the -0.0 of a zero weight times a penalty into 0.0 in the logs
+    weighted = {name: float(cfg.weights.get(name, 0.0)) * v + 0.0 for name, v in term_values(traj).items()}
+    total = min(max(sum(weighted.values()), -cfg.clip), cfg.clip)
+    return total, weighted
+
+
+def score_all(trajs: Iterable[Trajectory], cfg: RewardWeights) -> None:
+    """Set `reward` and `reward_terms` on each trajectory."""
+    for traj in trajs:
+        traj.reward, traj.reward_terms = score(traj, cfg)

@@ -1,0 +1,114 @@
+"""The multi-turn agent loop: generate, parse, run tools, append observations, repeat.
+
+All live trajectories of a batch advance together, one assistant turn per engine call, until
+each one answers, produces an invalid turn, or runs out of turns or tokens. The next prompt is
+built token-in / token-out (`minirl.protocol.chat`), so every sampled token stays exactly as
+sampled and keeps its sampler log-prob.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minirl.data.task import Task
+from minirl.protocol.chat import next_prompt, render, turn_deltas
+from minirl.protocol.parsing import TurnKind, parse_turn
+from minirl.rollout.engine import Engine, SamplingParams
+from minirl.rollout.trajectory import FinishReason, Trajectory, Turn
+from minirl.tools.base import ToolExecutor
+
+
+@dataclass
+class AgentLimits:
+    max_turns: int
+    max_new_tokens: int  # per assistant turn
+    max_total_tokens: int  # prompt + everything appended to it
+    max_calls_per_turn: int
+
+
+@dataclass
+class _Live:
+    """What a trajectory needs between turns: its token prompt and its semantic history."""
+
+    traj: Trajectory
+    prompt: list[int]
+    history: list[dict] = field(default_factory=list)
+
+
+def _tool_names(task: Task) -> list[str]:
+    return [t["function"]["name"] for t in task.tools]
+
+
+def _assistant_message(turn: Turn) -> dict:
+    return {
+        "role": "assistant",
+        "content": turn.parsed.content,
+        "tool_calls": [c.to_message_dict() for c in turn.parsed.tool_calls],
+    }
+
+
+def run_agent(
+    engine: Engine,
+    tokenizer,
+    executor: ToolExecutor,
+    tasks: list[Task],
+    group_size: int,
+    limits: AgentLimits,
+    sampling: SamplingParams,
+) -> list[Trajectory]:
+    """`group_size` trajectories per task; trajectories of one task are contiguous."""
+    live: list[_Live] = []
+    for index, task in enumerate(tasks):
+        prompt = render(tokenizer, task.messages, task.tools, add_generation_prompt=True)
+        for _ in range(group_size):
+            live.append(_Live(Trajectory(task, index, list(prompt)), list(prompt), list(task.messages)))
+    trajectories = [s.traj for s in live]
+    for turn_index in range(limits.max_turns):
+        live = [s for s in live if not s.traj.done]
+        if not live:
+            break
+        completions = engine.generate([s.prompt for s in live], sampling)
+        for state, completion in zip(live, completions):
+            _advance(state, completion, turn_index, tokenizer, executor, limits)
+    return trajectories
+
+
+def _advance(state: _Live, completion, turn_index: int, tokenizer, executor: ToolExecutor, limits: AgentLimits) -> None:
+    traj = state.traj
+    room = limits.max_total_tokens - len(state.prompt)
+    tokens, logprobs = completion.token_ids[:room], completion.logprobs[:room]
+    traj.response_ids += tokens
+    traj.action_mask += [1] * len(tokens)
+    traj.sampler_logprobs += logprobs
+    body = tokens[:-1] if completion.stopped and len(tokens) == len(completion.token_ids) else tokens
+    text = tokenizer.decode(body, skip_special_tokens=False)
+    parsed = parse_turn(text, call_id_prefix=f"call_{turn_index}", max_calls=limits.max_calls_per_turn)
+    turn = Turn(text, parsed)
+    traj.turns.append(turn)
+    if len(tokens) < len(completion.token_ids):
+        traj.finish_reason = FinishReason.TOKEN_BUDGET
+        return
+    if not completion.stopped:
+        traj.finish_reason = FinishReason.TURN_TOKENS
+        return
+    if parsed.kind is TurnKind.ANSWER:
+        traj.finish_reason = FinishReason.ANSWER
+        return
+    if parsed.kind is TurnKind.INVALID:
+        traj.finish_reason = FinishReason.INVALID
+        return
+    turn.tool_results = executor.execute_many(parsed.tool_calls, allowed=_tool_names(traj.task))
+    if turn_index + 1 >= limits.max_turns:
+        traj.finish_reason = FinishReason.MAX_TURNS
+        return
+    tool_messages = [r.to_message() for r in turn.tool_results]
+    deltas = turn_deltas(tokenizer, state.history, traj.task.tools, tool_messages)
+    prompt, added = next_prompt(state.prompt, tokens, deltas)
+    if len(prompt) >= limits.max_total_tokens:
+        traj.finish_reason = FinishReason.TOKEN_BUDGET
+        return
+    traj.response_ids += added
+    traj.action_mask += [0] * len(added)
+    traj.sampler_logprobs += [0.0] * len(added)
+    state.history += [_assistant_message(turn), *tool_messages]
+    state.prompt = prompt

@@ -1,0 +1,139 @@
+"""Supervised warm start on full tool trajectories: `python -m minirl.sft`.
+
+The loss is on assistant tokens only, up to and including the end-of-turn token (so the model
+learns to stop); system, user and tool tokens are context. Assistant spans are found by
+rendering the conversation prefix by prefix through the chat template, so any template with
+the prefix property works, the embedded one and the Qwen ones alike.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from minirl.config import Config, SFTConfig
+from minirl.protocol.chat import TemplateError, render
+
+
+@dataclass
+class SFTExample:
+    input_ids: list[int]  # [L]
+    loss_mask: list[int]  # [L] 1 on assistant tokens (end-of-turn token included)
+
+
+def tokenize_conversation(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None) -> SFTExample:
+    """Token ids of a whole conversation and the mask of the assistant tokens in it."""
+    ids = render(tokenizer, messages, tools, add_generation_prompt=False)
+    mask = [0] * len(ids)
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(render(tokenizer, messages[:i], tools, add_generation_prompt=True))
+        upto = render(tokenizer, messages[: i + 1], tools, add_generation_prompt=False)
+        if ids[: len(upto)] != upto:
+            raise TemplateError("chat template rewrites history; cannot locate assistant tokens")
+        span = upto[start:]
+        # stop after the end-of-turn token: what the template adds after it (a newline) is not the model's
+        end = start + (len(span) - span[::-1].index(tokenizer.eos_token_id) if tokenizer.eos_token_id in span else len(span))
+        mask[start:end] = [1] * (end - start)
+    return SFTExample(ids, mask)
+
+
+def _batches(examples: list[SFTExample], batch_size: int, pad_id: int, rng: random.Random):
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    for i in range(0, len(order), batch_size):
+        chunk = [examples[j] for j in order[i : i + batch_size]]
+        width = max(len(e.input_ids) for e in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)  # [B, L]
+        labels = torch.full((len(chunk), width), -100, dtype=torch.long)  # [B, L]; -100 = no loss
+        attention = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, e in enumerate(chunk):
+            n = len(e.input_ids)
+            ids[row, :n] = torch.tensor(e.input_ids)
+            attention[row, :n] = 1
+            labels[row, :n] = torch.where(torch.tensor(e.loss_mask, dtype=torch.bool), ids[row, :n], -100)
+        yield ids, attention, labels
+
+
+def train_sft(model, tokenizer, examples: list[SFTExample], cfg: SFTConfig, device: torch.device, on_step=None) -> float:
+    """Fine-tune `model` in place; returns the mean loss of the last epoch."""
+    rng = random.Random(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+
+    def lr_factor(step: int) -> float:  # linear warmup, cosine decay to 10%
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    model.train()
+    step, epoch_loss = 0, 0.0
+    for _ in range(cfg.epochs):
+        losses = []
+        for ids, attention, labels in _batches(examples, cfg.batch_size, tokenizer.pad_token_id, rng):
+            out = model(input_ids=ids.to(device), attention_mask=attention.to(device), labels=labels.to(device))
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(out.loss.item())
+            step += 1
+            if on_step is not None:
+                on_step(step, total, losses[-1])
+        epoch_loss = sum(losses) / len(losses)
+    model.eval()
+    return epoch_loss
+
+
+def sft_examples(tokenizer, cfg: Config) -> list[SFTExample]:
+    """Synthetic warm-start conversations, never sharing a prompt with the held-out tasks."""
+    from minirl.data import DATASETS
+    from minirl.data.synthetic_tools import sft_rows
+    from minirl.data.task import task_from_row
+
+    _, heldout = DATASETS.get(cfg.data.name)(cfg.data)
+    exclude = {t.messages[-1]["content"] for t in heldout}
+    rows = sft_rows(cfg.sft.rows, seed=cfg.sft.seed, exclude_prompts=exclude)
+    tasks = [task_from_row(row, f"sft[{i}]") for i, row in enumerate(rows)]
+    examples = [tokenize_conversation(tokenizer, t.conversation, t.tools) for t in tasks]
+    return [e for e in examples if len(e.input_ids) <= cfg.sft.max_length]
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def main(dict_cfg: DictConfig) -> None:
+    from minirl.entry import run_entry
+
+    run_entry(dict_cfg, _run_sft)
+
+
+def _run_sft(cfg: Config, console) -> None:
+    from minirl.models.loading import load_model_and_tokenizer, resolve_device
+
+    device = resolve_device(cfg.trainer.device)
+    model, tokenizer = load_model_and_tokenizer(cfg, console, device, warm_start=False)
+    examples = sft_examples(tokenizer, cfg)
+    console.print(f"SFT on {len(examples)} synthetic tool conversations, {cfg.sft.epochs} epochs")
+    loss = train_sft(model, tokenizer, examples, cfg.sft, device)
+    out = Path(cfg.output_dir) / "checkpoint"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    console.print(f"final SFT loss {loss:.4f}; saved to {out}")
+
+
+if __name__ == "__main__":
+    from minirl.entry import launch
+
+    launch(main)

@@ -1,0 +1,218 @@
+"""MiniMind's six mock tools: deterministic, offline, no real clock or network.
+
+Weather comes from a stable hash of the city, time from a fixed reference clock shifted by a
+fixed offset table, exchange rates and translations from fixed tables. The tables are public
+so task generators can ask questions the tools can answer.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+from minirl.tools.base import TOOLS, Tool, ToolError
+from minirl.tools.safe_math import evaluate, format_number
+
+MINIMIND_TOOL_NAMES = (
+    "calculate_math",
+    "unit_converter",
+    "get_current_weather",
+    "get_current_time",
+    "get_exchange_rate",
+    "translate_text",
+)
+
+# unit -> (dimension, scale, offset): value_in_base = value * scale + offset
+# (base units: metre, kilogram, kelvin)
+UNITS: dict[str, tuple[str, float, float]] = {
+    "m": ("length", 1.0, 0.0),
+    "km": ("length", 1000.0, 0.0),
+    "cm": ("length", 0.01, 0.0),
+    "mm": ("length", 0.001, 0.0),
+    "mile": ("length", 1609.344, 0.0),
+    "ft": ("length", 0.3048, 0.0),
+    "inch": ("length", 0.0254, 0.0),
+    "kg": ("mass", 1.0, 0.0),
+    "g": ("mass", 0.001, 0.0),
+    "lb": ("mass", 0.45359237, 0.0),
+    "oz": ("mass", 0.028349523125, 0.0),
+    "C": ("temperature", 1.0, 273.15),
+    "F": ("temperature", 5 / 9, 273.15 - 32 * 5 / 9),
+    "K": ("temperature", 1.0, 0.0),
+}
+
+WEATHER_CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "foggy")
+
+# minutes from UTC on the reference date (daylight saving as observed on 2025-06-01)
+TIMEZONE_OFFSETS: dict[str, int] = {
+    "UTC": 0,
+    "Europe/London": 60,
+    "Europe/Paris": 120,
+    "Europe/Berlin": 120,
+    "Asia/Tokyo": 540,
+    "Asia/Shanghai": 480,
+    "Asia/Kolkata": 330,
+    "America/New_York": -240,
+    "America/Chicago": -300,
+    "America/Los_Angeles": -420,
+    "Australia/Sydney": 600,
+    "America/Sao_Paulo": -180,
+}
+REFERENCE_UTC_MINUTES = 12 * 60  # the fixed clock: 2025-06-01 12:00 UTC
+
+# units of each currency one US dollar buys
+USD_RATES: dict[str, float] = {
+    "USD": 1.0,
+    "EUR": 0.92,
+    "GBP": 0.79,
+    "JPY": 157.0,
+    "CNY": 7.24,
+    "INR": 83.5,
+    "AUD": 1.51,
+    "CAD": 1.37,
+}
+
+LANGUAGES = ("French", "Spanish", "German", "Italian")
+# English word or phrase -> its translation in each of LANGUAGES, in that order
+PHRASES: dict[str, tuple[str, str, str, str]] = {
+    "hello": ("bonjour", "hola", "hallo", "ciao"),
+    "goodbye": ("au revoir", "adiós", "auf Wiedersehen", "arrivederci"),
+    "thank you": ("merci", "gracias", "danke", "grazie"),
+    "please": ("s'il vous plaît", "por favor", "bitte", "per favore"),
+    "yes": ("oui", "sí", "ja", "sì"),
+    "good morning": ("bonjour", "buenos días", "guten Morgen", "buongiorno"),
+    "good night": ("bonne nuit", "buenas noches", "gute Nacht", "buona notte"),
+    "how are you": ("comment allez-vous", "cómo estás", "wie geht es dir", "come stai"),
+    "excuse me": ("excusez-moi", "disculpe", "Entschuldigung", "mi scusi"),
+    "good luck": ("bonne chance", "buena suerte", "viel Glück", "buona fortuna"),
+    "water": ("eau", "agua", "Wasser", "acqua"),
+    "bread": ("pain", "pan", "Brot", "pane"),
+    "cat": ("chat", "gato", "Katze", "gatto"),
+    "dog": ("chien", "perro", "Hund", "cane"),
+    "house": ("maison", "casa", "Haus", "casa"),
+    "book": ("livre", "libro", "Buch", "libro"),
+    "friend": ("ami", "amigo", "Freund", "amico"),
+    "apple": ("pomme", "manzana", "Apfel", "mela"),
+    "coffee": ("café", "café", "Kaffee", "caffè"),
+    "tea": ("thé", "té", "Tee", "tè"),
+    "milk": ("lait", "leche", "Milch", "latte"),
+    "cheese": ("fromage", "queso", "Käse", "formaggio"),
+    "school": ("école", "escuela", "Schule", "scuola"),
+    "car": ("voiture", "coche", "Auto", "macchina"),
+    "sun": ("soleil", "sol", "Sonne", "sole"),
+    "moon": ("lune", "luna", "Mond", "luna"),
+    "city": ("ville", "ciudad", "Stadt", "città"),
+    "love": ("amour", "amor", "Liebe", "amore"),
+    "family": ("famille", "familia", "Familie", "famiglia"),
+    "flower": ("fleur", "flor", "Blume", "fiore"),
+    "window": ("fenêtre", "ventana", "Fenster", "finestra"),
+    "tree": ("arbre", "árbol", "Baum", "albero"),
+}
+
+
+def _object_schema(properties: dict[str, dict]) -> dict:
+    """Parameters schema: every property required, nothing else allowed."""
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+@TOOLS.register("calculate_math")
+class CalculateMath(Tool):
+    name = "calculate_math"
+    description = "Evaluate an arithmetic expression with numbers, + - * / // % ** and parentheses."
+    parameters = _object_schema({"expression": {"type": "string", "description": "e.g. (12 + 7) * 3"}})
+
+    def run(self, arguments: dict) -> dict:
+        return {"result": format_number(evaluate(arguments["expression"]))}
+
+
+@TOOLS.register("unit_converter")
+class UnitConverter(Tool):
+    name = "unit_converter"
+    description = "Convert a length, mass or temperature value from one unit to another."
+    parameters = _object_schema(
+        {
+            "value": {"type": "number"},
+            "from_unit": {"type": "string", "enum": list(UNITS)},
+            "to_unit": {"type": "string", "enum": list(UNITS)},
+        }
+    )
+
+    def run(self, arguments: dict) -> dict:
+        value, from_unit, to_unit = arguments["value"], arguments["from_unit"], arguments["to_unit"]
+        from_dimension, from_scale, from_offset = UNITS[from_unit]
+        to_dimension, to_scale, to_offset = UNITS[to_unit]
+        if from_dimension != to_dimension:
+            raise ToolError(f"cannot convert {from_dimension} ({from_unit}) to {to_dimension} ({to_unit})")
+        converted = (value * from_scale + from_offset - to_offset) / to_scale
+        if not math.isfinite(converted):
+            raise ToolError("the value is out of range")
+        return {"result": format_number(round(converted, 2)), "unit": to_unit}
+
+
+@TOOLS.register("get_current_weather")
+class GetCurrentWeather(Tool):
+    name = "get_current_weather"
+    description = "Get the current weather (temperature in Celsius and condition) in a city."
+    parameters = _object_schema({"city": {"type": "string", "description": "city name, e.g. Paris"}})
+
+    def run(self, arguments: dict) -> dict:
+        city = arguments["city"]
+        key = city.strip().lower()
+        if not key:
+            raise ToolError("the city must not be empty")
+        digest = zlib.crc32(key.encode("utf-8", "surrogatepass"))
+        temperature = -5 + digest % 41
+        condition = WEATHER_CONDITIONS[(digest >> 8) % len(WEATHER_CONDITIONS)]
+        return {"city": city, "temperature": str(temperature), "condition": condition}
+
+
+@TOOLS.register("get_current_time")
+class GetCurrentTime(Tool):
+    name = "get_current_time"
+    description = "Get the current local time (HH:MM) in a time zone."
+    parameters = _object_schema({"timezone": {"type": "string", "enum": list(TIMEZONE_OFFSETS)}})
+
+    def run(self, arguments: dict) -> dict:
+        timezone = arguments["timezone"]
+        hours, minutes = divmod((REFERENCE_UTC_MINUTES + TIMEZONE_OFFSETS[timezone]) % (24 * 60), 60)
+        return {"timezone": timezone, "time": f"{hours:02d}:{minutes:02d}"}
+
+
+@TOOLS.register("get_exchange_rate")
+class GetExchangeRate(Tool):
+    name = "get_exchange_rate"
+    description = "Get the exchange rate between two currencies: units of to_currency per one from_currency."
+    parameters = _object_schema(
+        {
+            "from_currency": {"type": "string", "enum": list(USD_RATES)},
+            "to_currency": {"type": "string", "enum": list(USD_RATES)},
+        }
+    )
+
+    def run(self, arguments: dict) -> dict:
+        from_currency, to_currency = arguments["from_currency"], arguments["to_currency"]
+        if from_currency == to_currency:
+            raise ToolError(f"from_currency and to_currency are both {from_currency}; choose two different currencies")
+        return {"rate": format_number(round(USD_RATES[to_currency] / USD_RATES[from_currency], 4))}
+
+
+@TOOLS.register("translate_text")
+class TranslateText(Tool):
+    name = "translate_text"
+    description = "Translate a common English word or short phrase into French, Spanish, German or Italian."
+    parameters = _object_schema(
+        {
+            "text": {"type": "string", "description": "English word or short phrase, e.g. thank you"},
+            "target_language": {"type": "string", "enum": list(LANGUAGES)},
+        }
+    )
+
+    def run(self, arguments: dict) -> dict:
+        key = " ".join(arguments["text"].lower().split()).strip(" .!?")
+        if key not in PHRASES:
+            examples = ", ".join(list(PHRASES)[:5])
+            raise ToolError(
+                f"unknown text {arguments['text']!r}: only a fixed vocabulary of {len(PHRASES)} common English "
+                f"words and phrases is known (e.g. {examples})"
+            )
+        return {"translation": PHRASES[key][LANGUAGES.index(arguments["target_language"])]}

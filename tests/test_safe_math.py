@@ -1,0 +1,123 @@
+import operator
+import re
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from minirl.tools.safe_math import MathError, evaluate, format_number
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("256 * 37", 9472),
+        ("2 + 3 * 4", 14),
+        ("(2 + 3) * 4", 20),
+        ("7 / 2", 3.5),
+        ("7 // 2", 3),
+        ("-7 // 2", -4),
+        ("7 % 3", 1),
+        ("-7 % 3", 2),
+        ("2 ** 10", 1024),
+        ("2 ** -2", 0.25),
+        ("-2 ** 2", -4),
+        ("+5 - -3", 8),
+        ("1.5 * 4", 6.0),
+        ("  12.5 + 0.25 ", 12.75),
+        ("((((1))))", 1),
+        ("2 ** 3 ** 2", 512),
+        ("10 ** 64", 10**64),
+    ],
+)
+def test_arithmetic(expression, value):
+    assert evaluate(expression) == value
+
+
+@pytest.mark.parametrize(
+    ("expression", "fragment"),
+    [
+        ("__import__('os')", "Call is not allowed"),
+        ("().__class__", "Attribute is not allowed"),
+        ("().__class__.__bases__[0].__subclasses__()", "not allowed"),
+        ("x + 1", "Name is not allowed"),
+        ("abs(-1)", "Call is not allowed"),
+        ("[1, 2][0]", "Subscript is not allowed"),
+        ("'a' * 3", "str literals are not allowed"),
+        ("True + 1", "bool literals are not allowed"),
+        ("1j * 2", "complex literals are not allowed"),
+        ("[x for x in (1, 2)]", "ListComp is not allowed"),
+        ("lambda: 1", "Lambda is not allowed"),
+        ("1 if 1 else 2", "IfExp is not allowed"),
+        ("1 < 2", "Compare is not allowed"),
+        ("1 << 64", "LShift is not allowed"),
+        ("~1", "Invert is not allowed"),
+        ("2 ** 10 ** 10", "exponent 10000000000 exceeds the limit of 64"),
+        ("9 ** 99999", "exponent 99999 exceeds"),
+        ("2 ** -100", "exponent -100 exceeds"),
+        ("99 ** 60", "more than 100 digits"),
+        ("10 ** 60 * 10 ** 60", "more than 100 digits"),
+        ("1" * 101, "more than 100 digits"),
+        ("1e300 * 1e300", "more than 100 digits"),
+        ("1.5 ** 64.5", "exponent 64.5 exceeds"),
+        ("(-8) ** 0.5", "not a real number"),
+        ("1 / 0", "division by zero"),
+        ("5 % 0", "division by zero"),
+        ("1 // 0.0", "division by zero"),
+        ("0 ** -1", "division by zero"),
+        ("1 +", "not a valid arithmetic expression"),
+        ("", "not a valid arithmetic expression"),
+        ("1; 2", "not a valid arithmetic expression"),
+        ("1" + "+1" * 5000, "10001 characters long; the limit is 200"),
+    ],
+)
+def test_rejections(expression, fragment):
+    with pytest.raises(MathError, match=re.escape(fragment)):
+        evaluate(expression)
+
+
+def test_non_string_is_rejected():
+    with pytest.raises(MathError, match="must be a string"):
+        evaluate(12)  # type: ignore[arg-type]
+
+
+def test_limits_are_configurable_and_cheap():
+    with pytest.raises(MathError, match="more than 10 digits"):
+        evaluate("99999 * 999999", max_digits=10)
+    with pytest.raises(MathError, match="exponent 9 exceeds the limit of 8"):
+        evaluate("2 ** 9", max_exponent=8)
+    started = time.perf_counter()
+    with pytest.raises(MathError):
+        evaluate("9 ** 9 ** 9 ** 9")
+    with pytest.raises(MathError):
+        evaluate("(10 ** 50) ** 64")
+    assert time.perf_counter() - started < 0.1
+
+
+_OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv, "%": operator.mod}
+
+
+@given(a=st.integers(-(10**12), 10**12), b=st.integers(1, 10**12), op=st.sampled_from(sorted(_OPERATORS)))
+def test_integer_arithmetic_matches_python(a, b, op):
+    assert evaluate(f"{a} {op} {b}") == _OPERATORS[op](a, b)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (9472, "9472"),
+        (-3, "-3"),
+        (3.0, "3"),
+        (0.92, "0.92"),
+        (12.4375, "12.4375"),
+        (1 / 3, "0.3333"),
+        (2 / 3, "0.6667"),
+        (-0.00001, "0"),
+        (2.99999, "3"),
+        (1e20, "100000000000000000000"),
+        (-1.5, "-1.5"),
+    ],
+)
+def test_format_number(value, text):
+    assert format_number(value) == text

@@ -1,0 +1,303 @@
+import json
+import re
+import sys
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minirl.protocol.parsing import ToolCall
+from minirl.registry import ConfigError
+from minirl.tools import (
+    MINIMIND_TOOL_NAMES,
+    TOOLS,
+    Tool,
+    ToolError,
+    ToolExecutor,
+    ToolResult,
+    build_tools,
+    validate_arguments,
+)
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "text": {"type": "string"},
+        "count": {"type": "integer"},
+        "scale": {"type": "number"},
+        "flag": {"type": "boolean"},
+        "unit": {"type": "string", "enum": ["m", "km"]},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "inner": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]},
+    },
+    "required": ["text"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def executor() -> ToolExecutor:
+    return ToolExecutor(build_tools(MINIMIND_TOOL_NAMES), timeout_s=2.0, max_output_chars=2048)
+
+
+def run_tool(executor: ToolExecutor, name: str, **arguments) -> dict:
+    result = executor.execute(ToolCall("call_0", name, arguments))
+    assert result.status == "ok", result.content
+    return json.loads(result.content)
+
+
+# -- validate_arguments -------------------------------------------------------------------------
+
+
+def test_valid_arguments_have_no_problems():
+    arguments = {"text": "a", "count": 3, "scale": 0.5, "flag": True, "unit": "km", "tags": ["x"], "inner": {"x": 1}}
+    assert validate_arguments(SCHEMA, arguments) == []
+    assert validate_arguments(SCHEMA, {"text": "a", "count": 3.0}) == []  # an integral float is an integer
+
+
+@pytest.mark.parametrize(
+    ("arguments", "fragment"),
+    [
+        ({}, "missing required argument 'text'"),
+        ({"text": 1}, "argument 'text' must be of type string, got number"),
+        ({"text": "a", "count": 2.5}, "argument 'count' must be of type integer"),
+        ({"text": "a", "count": True}, "argument 'count' must be of type integer, got boolean"),
+        ({"text": "a", "scale": False}, "argument 'scale' must be of type number, got boolean"),
+        ({"text": "a", "scale": float("nan")}, "argument 'scale' must be of type number"),
+        ({"text": "a", "scale": "1"}, "argument 'scale' must be of type number, got string"),
+        ({"text": "a", "flag": 1}, "argument 'flag' must be of type boolean"),
+        ({"text": "a", "unit": "mile"}, "argument 'unit' must be one of: m, km"),
+        ({"text": "a", "tags": [1]}, "argument 'tags[0]' must be of type string"),
+        ({"text": "a", "inner": {}}, "missing required argument 'inner.x'"),
+        ({"text": "a", "extra": 1}, "unexpected argument 'extra'"),
+    ],
+)
+def test_invalid_arguments_are_named(arguments, fragment):
+    problems = validate_arguments(SCHEMA, arguments)
+    assert any(fragment in problem for problem in problems), problems
+
+
+def test_non_object_arguments_are_rejected():
+    assert validate_arguments(SCHEMA, [1, 2]) == ["arguments must be of type object, got array"]
+
+
+def test_every_problem_is_listed():
+    assert len(validate_arguments(SCHEMA, {"text": 1, "unit": "mile", "extra": 0})) == 3
+
+
+# -- registry and schemas -----------------------------------------------------------------------
+
+
+def test_the_six_tools_are_registered_under_their_own_names():
+    assert set(MINIMIND_TOOL_NAMES) <= set(TOOLS.names())
+    for name in MINIMIND_TOOL_NAMES:
+        tool = TOOLS.get(name)()
+        schema = tool.schema()
+        assert tool.name == name == schema["function"]["name"]
+        assert schema["type"] == "function" and schema["function"]["description"]
+        assert schema["function"]["parameters"]["additionalProperties"] is False
+
+
+def test_build_tools_rejects_unknown_names():
+    assert list(build_tools(["translate_text", "calculate_math"])) == ["translate_text", "calculate_math"]
+    with pytest.raises(ConfigError, match="unknown tool 'calculator'"):
+        build_tools(["calculator"])
+
+
+# -- the six tools ------------------------------------------------------------------------------
+
+
+def test_calculate_math(executor):
+    assert run_tool(executor, "calculate_math", expression="256 * 37") == {"result": "9472"}
+    assert run_tool(executor, "calculate_math", expression="1 / 3") == {"result": "0.3333"}
+    assert run_tool(executor, "calculate_math", expression="(2 + 3) * 4 / 8") == {"result": "2.5"}
+
+
+@pytest.mark.parametrize(
+    ("value", "from_unit", "to_unit", "expected"),
+    [
+        (5, "mile", "km", "8.05"),
+        (100, "C", "F", "212"),
+        (32, "F", "C", "0"),
+        (0, "C", "K", "273.15"),
+        (2, "kg", "lb", "4.41"),
+        (1.5, "km", "m", "1500"),
+        (12, "inch", "ft", "1"),
+    ],
+)
+def test_unit_converter(executor, value, from_unit, to_unit, expected):
+    result = run_tool(executor, "unit_converter", value=value, from_unit=from_unit, to_unit=to_unit)
+    assert result == {"result": expected, "unit": to_unit}
+
+
+def test_unit_converter_refuses_mixed_dimensions(executor):
+    result = executor.execute(ToolCall("c", "unit_converter", {"value": 1, "from_unit": "kg", "to_unit": "km"}))
+    assert result.status == "error" and "cannot convert mass" in result.content
+
+
+def test_weather_is_deterministic_per_city(executor):
+    paris = run_tool(executor, "get_current_weather", city="Paris")
+    assert paris == run_tool(executor, "get_current_weather", city="Paris")
+    assert run_tool(executor, "get_current_weather", city=" PARIS ")["temperature"] == paris["temperature"]
+    assert paris == {"city": "Paris", "temperature": "31", "condition": "rainy"}
+    temperatures = {int(run_tool(executor, "get_current_weather", city=f"town {i}")["temperature"]) for i in range(300)}
+    assert min(temperatures) >= -5 and max(temperatures) <= 35 and len(temperatures) > 20
+    assert executor.execute(ToolCall("c", "get_current_weather", {"city": "  "})).status == "error"
+
+
+@pytest.mark.parametrize(
+    ("timezone", "time"),
+    [("UTC", "12:00"), ("Asia/Tokyo", "21:00"), ("Asia/Kolkata", "17:30"), ("America/Los_Angeles", "05:00")],
+)
+def test_time_comes_from_the_fixed_clock(executor, timezone, time):
+    assert run_tool(executor, "get_current_time", timezone=timezone) == {"timezone": timezone, "time": time}
+
+
+def test_exchange_rate(executor):
+    assert run_tool(executor, "get_exchange_rate", from_currency="USD", to_currency="EUR") == {"rate": "0.92"}
+    assert run_tool(executor, "get_exchange_rate", from_currency="USD", to_currency="JPY") == {"rate": "157"}
+    assert run_tool(executor, "get_exchange_rate", from_currency="EUR", to_currency="USD") == {"rate": "1.087"}
+    same = executor.execute(ToolCall("c", "get_exchange_rate", {"from_currency": "GBP", "to_currency": "GBP"}))
+    assert same.status == "error" and "ToolError" in same.content
+
+
+def test_translate_text(executor):
+    assert run_tool(executor, "translate_text", text="Thank you!", target_language="German") == {"translation": "danke"}
+    assert run_tool(executor, "translate_text", text="WATER", target_language="French") == {"translation": "eau"}
+    unknown = executor.execute(ToolCall("c", "translate_text", {"text": "spaceship", "target_language": "French"}))
+    assert unknown.status == "error" and "fixed vocabulary" in unknown.content
+
+
+def test_tools_raise_tool_error_when_called_directly():
+    with pytest.raises(ToolError):
+        TOOLS.get("get_exchange_rate")().run({"from_currency": "USD", "to_currency": "USD"})
+
+
+# -- the executor -------------------------------------------------------------------------------
+
+
+class Blocking(Tool):
+    """Test-only tool that waits for an event, to exercise the timeout."""
+
+    name = "blocking"
+    description = "waits"
+    parameters = {"type": "object", "properties": {}, "additionalProperties": False}
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def run(self, arguments: dict) -> dict:
+        self.release.wait(10)
+        return {}
+
+
+class Faulty(Tool):
+    name = "faulty"
+    description = "fails or floods"
+    parameters = {"type": "object", "properties": {"mode": {"type": "string"}}, "additionalProperties": False}
+
+    def run(self, arguments: dict) -> dict:
+        outcomes = {
+            "crash": lambda: 1 / 0,
+            "exit": lambda: sys.exit(3),
+            "flood": lambda: {"text": "x" * 10_000},
+            "set": lambda: {"value": {1, 2}},
+        }
+        return outcomes[arguments["mode"]]()
+
+
+def test_unknown_tool_names_the_available_ones(executor):
+    result = executor.execute(ToolCall("call_3", "search_web", {"q": "x"}))
+    assert result.status == "unknown_tool" and not result.valid_call
+    assert "unknown tool 'search_web'" in result.content and "calculate_math" in result.content
+
+
+def test_tools_outside_the_allowed_list_are_unknown(executor):
+    result = executor.execute(ToolCall("c", "calculate_math", {"expression": "1+1"}), allowed=["translate_text"])
+    assert result.status == "unknown_tool"
+    assert json.loads(result.content) == {"error": "unknown tool 'calculate_math'; available tools: translate_text"}
+    allowed = executor.execute(ToolCall("c", "calculate_math", {"expression": "1+1"}), allowed={"calculate_math"})
+    assert allowed.status == "ok"
+
+
+def test_bad_arguments_are_listed(executor):
+    result = executor.execute(ToolCall("c", "unit_converter", {"value": "5", "from_unit": "mile", "to": "km"}))
+    assert result.status == "bad_arguments" and not result.valid_call
+    message = json.loads(result.content)["error"]
+    assert "'value' must be of type number" in message
+    assert "missing required argument 'to_unit'" in message and "unexpected argument 'to'" in message
+
+
+def test_exceptions_become_error_results():
+    executor = ToolExecutor({"faulty": Faulty()}, timeout_s=2.0, max_output_chars=2048)
+    crash = executor.execute(ToolCall("c", "faulty", {"mode": "crash"}))
+    assert crash.status == "error" and crash.valid_call
+    assert json.loads(crash.content) == {"error": "ZeroDivisionError: division by zero"}
+    assert executor.execute(ToolCall("c", "faulty", {"mode": "exit"})).status == "error"
+    assert executor.execute(ToolCall("c", "faulty", {"mode": "set"})).content.startswith('{"error": "TypeError')
+
+
+def test_output_is_capped_with_a_marker():
+    executor = ToolExecutor({"faulty": Faulty()}, timeout_s=2.0, max_output_chars=300)
+    result = executor.execute(ToolCall("c", "faulty", {"mode": "flood"}))
+    assert result.status == "ok" and len(result.content) <= 300
+    kept = re.fullmatch(r'(\{"text": "x+)\.\.\.\[truncated (\d+) chars\]', result.content)
+    assert kept and len(kept.group(1)) + int(kept.group(2)) == len(json.dumps({"text": "x" * 10_000}))
+
+
+def test_slow_calls_time_out_concurrently():
+    blocking = Blocking()
+    executor = ToolExecutor({"blocking": blocking}, timeout_s=0.2, max_output_chars=2048)
+    started = time.perf_counter()
+    try:
+        results = executor.execute_many([ToolCall("a", "blocking", {}), ToolCall("b", "blocking", {})])
+    finally:
+        blocking.release.set()
+    assert time.perf_counter() - started < 0.35  # both waited at once
+    assert [r.status for r in results] == ["timeout", "timeout"] and all(r.valid_call for r in results)
+    assert "timed out after 0.2 s" in results[0].content and results[0].latency_s >= 0.2
+
+
+def test_execute_many_keeps_call_order(executor):
+    calls = [
+        ToolCall("call_0", "get_current_time", {"timezone": "UTC"}),
+        ToolCall("call_1", "nope", {}),
+        ToolCall("call_2", "calculate_math", {"expression": "2 ** 5"}),
+    ]
+    results = executor.execute_many(calls)
+    assert [r.call_id for r in results] == ["call_0", "call_1", "call_2"]
+    assert [r.status for r in results] == ["ok", "unknown_tool", "ok"]
+
+
+def test_result_to_message():
+    result = ToolResult(call_id="call_1", name="calculate_math", content='{"result": "4"}', status="ok", latency_s=0.1)
+    assert result.to_message() == {
+        "role": "tool",
+        "tool_call_id": "call_1",
+        "name": "calculate_math",
+        "content": '{"result": "4"}',
+    }
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    name=st.sampled_from([*MINIMIND_TOOL_NAMES, "missing"]),
+    arguments=st.dictionaries(
+        st.sampled_from(["expression", "value", "from_unit", "to_unit", "city", "timezone", "text", "x"]),
+        json_values,
+        max_size=4,
+    ),
+)
+def test_executor_never_raises_on_hostile_arguments(executor, name, arguments):
+    result = executor.execute(ToolCall("c", name, arguments))
+    assert result.status in ("ok", "unknown_tool", "bad_arguments", "error")
+    assert len(result.content) <= executor.max_output_chars
