@@ -8,6 +8,7 @@ composed config once with `OmegaConf.to_object`; below that, code gets typed dat
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Dict, List, Optional
@@ -34,9 +35,9 @@ class TinyModelConfig:
     """Shape of the embedded Qwen2 model and its locally trained byte-level BPE tokenizer."""
 
     vocab_size: int = 1024
-    hidden_size: int = 192
+    hidden_size: int = 128
     num_layers: int = 4
-    num_heads: int = 6
+    num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 512
     max_position_embeddings: int = 2048
@@ -66,9 +67,9 @@ class ModelConfig:
 class SFTConfig:
     """Warm start on full synthetic tool trajectories (loss on assistant tokens only)."""
 
-    rows: int = 4000
+    rows: int = 3000
     epochs: int = 2
-    batch_size: int = 16
+    batch_size: int = 32
     lr: float = 2e-3
     warmup_steps: int = 30
     max_length: int = 1024
@@ -235,8 +236,24 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="minirl_schema", node=Config)
 
 
+def _reject_unknown_keys(node: DictConfig, path: str = "") -> None:
+    """`+key=value` can add a key to a structured node; the schema has no place for it."""
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return
+    known = {f.name for f in dataclasses.fields(schema)}
+    for key in node:
+        full = f"{path}{key}"
+        if key not in known:
+            raise ConfigError(f"{full}: not a key of {schema.__name__}; known: {', '.join(sorted(known))}")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            _reject_unknown_keys(child, full + ".")
+
+
 def to_config(cfg: DictConfig) -> Config:
     """Convert the composed config once; range checks run here. Raises ConfigError."""
+    _reject_unknown_keys(cfg)
     try:
         return OmegaConf.to_object(cfg)
     except ConfigError:

@@ -41,15 +41,23 @@ def tokenize_conversation(tokenizer, messages: Sequence[dict], tools: Sequence[d
             raise TemplateError("chat template rewrites history; cannot locate assistant tokens")
         span = upto[start:]
         # stop after the end-of-turn token: what the template adds after it (a newline) is not the model's
-        end = start + (len(span) - span[::-1].index(tokenizer.eos_token_id) if tokenizer.eos_token_id in span else len(span))
+        end = start + (
+            len(span) - span[::-1].index(tokenizer.eos_token_id) if tokenizer.eos_token_id in span else len(span)
+        )
         mask[start:end] = [1] * (end - start)
     return SFTExample(ids, mask)
 
 
 def _batches(examples: list[SFTExample], batch_size: int, pad_id: int, rng: random.Random):
+    """Shuffled batches of similar lengths (less padding): sort within windows of 32 batches."""
     order = list(range(len(examples)))
     rng.shuffle(order)
-    for i in range(0, len(order), batch_size):
+    window = 32 * batch_size
+    for w in range(0, len(order), window):
+        order[w : w + window] = sorted(order[w : w + window], key=lambda j: len(examples[j].input_ids))
+    starts = list(range(0, len(order), batch_size))
+    rng.shuffle(starts)
+    for i in starts:
         chunk = [examples[j] for j in order[i : i + batch_size]]
         width = max(len(e.input_ids) for e in chunk)
         ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)  # [B, L]
@@ -63,7 +71,9 @@ def _batches(examples: list[SFTExample], batch_size: int, pad_id: int, rng: rand
         yield ids, attention, labels
 
 
-def train_sft(model, tokenizer, examples: list[SFTExample], cfg: SFTConfig, device: torch.device, on_step=None) -> float:
+def train_sft(
+    model, tokenizer, examples: list[SFTExample], cfg: SFTConfig, device: torch.device, on_step=None
+) -> float:
     """Fine-tune `model` in place; returns the mean loss of the last epoch."""
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)

@@ -114,14 +114,14 @@ class TrainResult:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, console: Console) -> None:
+    def __init__(self, cfg: Config, console: Console | None = None) -> None:
         check_names(cfg)
         seed_everything(cfg.trainer.seed)
-        self.cfg, self.console = cfg, console
+        self.cfg, self.console = cfg, console or Console()
         self.run_dir = Path(cfg.output_dir)
         self.device = resolve_device(cfg.trainer.device)
         self.train_tasks, self.heldout = DATASETS.get(cfg.data.name)(cfg.data)
-        path = resolve_model_path(cfg, console)
+        path = resolve_model_path(cfg, self.console)
         self.tokenizer = load_tokenizer(path, cfg)
         self.policy = load_model(path, cfg, self.device)
         # beta = 0: no KL term, so no reference model in memory
@@ -138,7 +138,10 @@ class Trainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.limits = AgentLimits(
-            cfg.rollout.max_turns, cfg.rollout.max_new_tokens, cfg.rollout.max_total_tokens, cfg.tools.max_calls_per_turn
+            cfg.rollout.max_turns,
+            cfg.rollout.max_new_tokens,
+            cfg.rollout.max_total_tokens,
+            cfg.tools.max_calls_per_turn,
         )
         self.task_rng = random.Random(cfg.trainer.seed)
         self.task_queue: list[Task] = []
@@ -199,7 +202,11 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.engine.sync_weights(self.policy)
-        return {**{k: float(v) for k, v in sums.items()}, "grad_norm": grad_norm.item(), "lr": self.scheduler.get_last_lr()[0]}
+        return {
+            **{k: float(v) for k, v in sums.items()},
+            "grad_norm": grad_norm.item(),
+            "lr": self.scheduler.get_last_lr()[0],
+        }
 
     def fit(self) -> TrainResult:
         cfg, console = self.cfg, self.console
@@ -250,4 +257,4 @@ class Trainer:
 
 def train(cfg: Config, console: Console | None = None) -> TrainResult:
     """Run RL training as configured; the plain-Python entry point tests call."""
-    return Trainer(cfg, console or Console()).fit()
+    return Trainer(cfg, console).fit()

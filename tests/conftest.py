@@ -33,8 +33,16 @@ CONVERSATION = [
         "role": "assistant",
         "content": "",
         "tool_calls": [
-            {"id": "call_0", "type": "function", "function": {"name": "calculate_math", "arguments": {"expression": "256 * 37"}}},
-            {"id": "call_1", "type": "function", "function": {"name": "calculate_math", "arguments": {"expression": "12 + 30"}}},
+            {
+                "id": "call_0",
+                "type": "function",
+                "function": {"name": "calculate_math", "arguments": {"expression": "256 * 37"}},
+            },
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "calculate_math", "arguments": {"expression": "12 + 30"}},
+            },
         ],
     },
     {"role": "tool", "tool_call_id": "call_0", "name": "calculate_math", "content": '{"result": "9472"}'},
@@ -65,3 +73,21 @@ def any_template_tokenizer(request, tokenizer):
         tokenizer.chat_template = third_party_template(request.param)
     yield tokenizer
     tokenizer.chat_template = original
+
+
+@pytest.fixture(scope="session")
+def tiny_policy():
+    """A small, untrained Qwen2 policy with the real tokenizer type, plus a few synthetic tasks."""
+    from minirl.data.synthetic_tools import sft_rows, train_heldout_split
+    from minirl.data.task import task_from_row
+    from minirl.models.tiny import build_model
+
+    rows = sft_rows(200, seed=0, exclude_prompts=set())
+    tasks = [task_from_row(r, "corpus") for r in rows]
+    cfg = TinyModelConfig(
+        vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128
+    )
+    tokenizer = build_tokenizer(cfg, render_texts((t.conversation, t.tools) for t in tasks))
+    model = build_model(cfg, tokenizer).eval()
+    _, heldout = train_heldout_split(20, 8, seed=1)
+    return model, tokenizer, heldout

@@ -130,7 +130,9 @@ def test_plain_text_is_an_answer():
 
 
 def test_calls_are_parsed_with_ids_and_dict_arguments():
-    text = "Checking.\n" + call("calculate_math", {"expression": "1+1"}) + call("get_current_weather", '{"city": "Paris"}')
+    text = (
+        "Checking.\n" + call("calculate_math", {"expression": "1+1"}) + call("get_current_weather", '{"city": "Paris"}')
+    )
     parsed = parse_turn(text, call_id_prefix="call_2")
     assert parsed.kind is TurnKind.TOOL
     assert [(c.id, c.name, c.arguments) for c in parsed.tool_calls] == [

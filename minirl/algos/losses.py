@@ -45,6 +45,7 @@ class LossSettings(Protocol):
 
 # -- aggregation -------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Aggregation:
     reduce: Callable[[Tensor, Tensor], Tensor]  # (values [B, T] zero where masked, keep [B, T] bool) -> []

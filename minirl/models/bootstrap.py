@@ -18,6 +18,8 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from rich.progress import Progress, TextColumn
+
 from minirl.config import Config
 
 # modules whose source decides what the built model is
@@ -77,7 +79,12 @@ def _warm_start(cfg: Config, base: Path, target: Path, console) -> None:
         f"for {cfg.sft.epochs} epochs (cached in {target.parent})"
     )
     start = time.perf_counter()
-    loss = train_sft(model, tokenizer, examples, cfg.sft, device)
+    with Progress(*Progress.get_default_columns(), TextColumn("loss {task.fields[loss]:.3f}"), console=console) as bar:
+        task = bar.add_task("SFT", total=None, loss=float("nan"))
+        loss = train_sft(
+            model, tokenizer, examples, cfg.sft, device,
+            on_step=lambda step, total, loss: bar.update(task, completed=step, total=total, loss=loss),
+        )  # fmt: skip
     console.print(f"warm start done in {time.perf_counter() - start:.0f}s, final epoch loss {loss:.3f}")
     _save_atomically(target, model, tokenizer)
 

@@ -10,8 +10,9 @@ from collections.abc import Iterable
 from importlib import resources
 
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
 from minirl.config import TinyModelConfig
 
@@ -34,12 +35,17 @@ def _wrap(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
 
 def _byte_level_tokenizer(vocab_size: int, corpus: Iterable[str] | None) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE())
-    # Digits are single tokens (as in Qwen2), so a number copied from a tool result into the
-    # answer is the same token sequence in both places. No word-boundary regex: merges may span
-    # spaces, so the tool schemas repeated in every system prompt shrink to a few dozen tokens
-    # (about 90 prompt tokens instead of about 390 with GPT-2-style word splitting).
+    # Qwen2's normalisation and pre-tokenisation, exactly: AutoTokenizer loads any model_type
+    # "qwen2" checkpoint through Qwen2Tokenizer, which rebuilds this pipeline rather than reading
+    # it from tokenizer.json, so merges learned under another one would not round-trip. Its regex
+    # also makes every digit a token of its own, so a number copied from a tool result into the
+    # answer is the same token sequence in both places.
+    tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(

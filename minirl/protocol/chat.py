@@ -98,7 +98,9 @@ def turn_deltas(
     return TurnDeltas(closing, observation)
 
 
-def next_prompt(previous_prompt: Sequence[int], completion: Sequence[int], deltas: TurnDeltas) -> tuple[list[int], list[int]]:
+def next_prompt(
+    previous_prompt: Sequence[int], completion: Sequence[int], deltas: TurnDeltas
+) -> tuple[list[int], list[int]]:
     """P_next and the framework-added tokens (E[overlap:] + O, all mask 0) that follow P + C."""
     overlap = suffix_prefix_overlap(completion, deltas.closing)
     added = [*deltas.closing[overlap:], *deltas.observation]

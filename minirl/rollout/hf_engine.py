@@ -37,9 +37,10 @@ class HFEngine:
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
             do_sample=not greedy,
-            temperature=None if greedy else params.temperature,
-            top_p=None if greedy or params.top_p >= 1.0 else params.top_p,
-            top_k=None if greedy or params.top_k == 0 else params.top_k,
+            # explicit values: None would fall back to generation defaults such as top_k=50
+            temperature=1.0 if greedy else params.temperature,
+            top_p=1.0 if greedy else params.top_p,
+            top_k=0 if greedy else params.top_k,
             eos_token_id=self.eos_id,
             pad_token_id=self.pad_id,
             output_scores=True,

@@ -115,11 +115,18 @@ def _object_schema(properties: dict[str, dict]) -> dict:
     return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
 
 
+def _one_of(value: str, known, what: str) -> str:
+    """`value` if it is one of `known`; the schemas list no enums, to keep every prompt short."""
+    if value not in known:
+        raise ToolError(f"unknown {what} {value!r}; known: {', '.join(known)}")
+    return value
+
+
 @TOOLS.register("calculate_math")
 class CalculateMath(Tool):
     name = "calculate_math"
-    description = "Evaluate an arithmetic expression with numbers, + - * / // % ** and parentheses."
-    parameters = _object_schema({"expression": {"type": "string", "description": "e.g. (12 + 7) * 3"}})
+    description = "Evaluate an arithmetic expression."
+    parameters = _object_schema({"expression": {"type": "string"}})
 
     def run(self, arguments: dict) -> dict:
         return {"result": format_number(evaluate(arguments["expression"]))}
@@ -128,17 +135,17 @@ class CalculateMath(Tool):
 @TOOLS.register("unit_converter")
 class UnitConverter(Tool):
     name = "unit_converter"
-    description = "Convert a length, mass or temperature value from one unit to another."
+    description = "Convert a value between units: m, km, cm, mm, mile, ft, inch, kg, g, lb, oz, C, F, K."
     parameters = _object_schema(
-        {
-            "value": {"type": "number"},
-            "from_unit": {"type": "string", "enum": list(UNITS)},
-            "to_unit": {"type": "string", "enum": list(UNITS)},
-        }
+        {"value": {"type": "number"}, "from_unit": {"type": "string"}, "to_unit": {"type": "string"}}
     )
 
     def run(self, arguments: dict) -> dict:
-        value, from_unit, to_unit = arguments["value"], arguments["from_unit"], arguments["to_unit"]
+        value = arguments["value"]
+        from_unit, to_unit = (
+            _one_of(arguments["from_unit"], UNITS, "unit"),
+            _one_of(arguments["to_unit"], UNITS, "unit"),
+        )
         from_dimension, from_scale, from_offset = UNITS[from_unit]
         to_dimension, to_scale, to_offset = UNITS[to_unit]
         if from_dimension != to_dimension:
@@ -152,8 +159,8 @@ class UnitConverter(Tool):
 @TOOLS.register("get_current_weather")
 class GetCurrentWeather(Tool):
     name = "get_current_weather"
-    description = "Get the current weather (temperature in Celsius and condition) in a city."
-    parameters = _object_schema({"city": {"type": "string", "description": "city name, e.g. Paris"}})
+    description = "Get the current weather (Celsius) in a city."
+    parameters = _object_schema({"city": {"type": "string"}})
 
     def run(self, arguments: dict) -> dict:
         city = arguments["city"]
@@ -169,11 +176,11 @@ class GetCurrentWeather(Tool):
 @TOOLS.register("get_current_time")
 class GetCurrentTime(Tool):
     name = "get_current_time"
-    description = "Get the current local time (HH:MM) in a time zone."
-    parameters = _object_schema({"timezone": {"type": "string", "enum": list(TIMEZONE_OFFSETS)}})
+    description = "Get the local time in a time zone, e.g. Asia/Tokyo."
+    parameters = _object_schema({"timezone": {"type": "string"}})
 
     def run(self, arguments: dict) -> dict:
-        timezone = arguments["timezone"]
+        timezone = _one_of(arguments["timezone"], TIMEZONE_OFFSETS, "time zone")
         hours, minutes = divmod((REFERENCE_UTC_MINUTES + TIMEZONE_OFFSETS[timezone]) % (24 * 60), 60)
         return {"timezone": timezone, "time": f"{hours:02d}:{minutes:02d}"}
 
@@ -181,16 +188,12 @@ class GetCurrentTime(Tool):
 @TOOLS.register("get_exchange_rate")
 class GetExchangeRate(Tool):
     name = "get_exchange_rate"
-    description = "Get the exchange rate between two currencies: units of to_currency per one from_currency."
-    parameters = _object_schema(
-        {
-            "from_currency": {"type": "string", "enum": list(USD_RATES)},
-            "to_currency": {"type": "string", "enum": list(USD_RATES)},
-        }
-    )
+    description = "Get the exchange rate between two currency codes, e.g. USD and EUR."
+    parameters = _object_schema({"from_currency": {"type": "string"}, "to_currency": {"type": "string"}})
 
     def run(self, arguments: dict) -> dict:
-        from_currency, to_currency = arguments["from_currency"], arguments["to_currency"]
+        from_currency = _one_of(arguments["from_currency"], USD_RATES, "currency")
+        to_currency = _one_of(arguments["to_currency"], USD_RATES, "currency")
         if from_currency == to_currency:
             raise ToolError(f"from_currency and to_currency are both {from_currency}; choose two different currencies")
         return {"rate": format_number(round(USD_RATES[to_currency] / USD_RATES[from_currency], 4))}
@@ -199,13 +202,8 @@ class GetExchangeRate(Tool):
 @TOOLS.register("translate_text")
 class TranslateText(Tool):
     name = "translate_text"
-    description = "Translate a common English word or short phrase into French, Spanish, German or Italian."
-    parameters = _object_schema(
-        {
-            "text": {"type": "string", "description": "English word or short phrase, e.g. thank you"},
-            "target_language": {"type": "string", "enum": list(LANGUAGES)},
-        }
-    )
+    description = "Translate an English word into French, Spanish, German or Italian."
+    parameters = _object_schema({"text": {"type": "string"}, "target_language": {"type": "string"}})
 
     def run(self, arguments: dict) -> dict:
         key = " ".join(arguments["text"].lower().split()).strip(" .!?")
@@ -215,4 +213,5 @@ class TranslateText(Tool):
                 f"unknown text {arguments['text']!r}: only a fixed vocabulary of {len(PHRASES)} common English "
                 f"words and phrases is known (e.g. {examples})"
             )
-        return {"translation": PHRASES[key][LANGUAGES.index(arguments["target_language"])]}
+        language = _one_of(arguments["target_language"], LANGUAGES, "language")
+        return {"translation": PHRASES[key][LANGUAGES.index(language)]}

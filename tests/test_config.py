@@ -1,0 +1,137 @@
+"""The real config tree: every option composes, registries and configs match in both
+directions, and bad values fail at start-up with a message naming the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from minirl.config import Config, register_configs, to_config
+from minirl.entry import CONF_DIR, check_group_choices
+from minirl.registry import ConfigError
+from minirl.trainer import check_names
+
+register_configs()
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def compose_cfg(*overrides: str) -> Config:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return to_config(compose("config", overrides=list(overrides)))
+
+
+def test_defaults_list_names_every_axis():
+    defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
+    named = {next(iter(d)) for d in defaults if isinstance(d, dict) or OmegaConf.is_dict(d)}
+    assert set(GROUPS) <= named
+    assert {"model", "tools", "reward", "rollout", "loss", "data", "trainer", "logger", "experiment", "debug"} <= set(
+        GROUPS
+    )
+
+
+@pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
+def test_every_option_composes_and_resolves_its_registry_names(group, option):
+    overrides = [f"{group}={option}"]
+    if (group, option) == ("data", "jsonl"):
+        overrides.append("data.path=tasks.jsonl")
+    cfg = compose_cfg(*overrides)
+    check_names(cfg)
+
+
+def test_registries_and_configs_match_in_both_directions():
+    from minirl.algos.advantages import ADV_ESTIMATORS
+    from minirl.algos.losses import LOSSES
+    from minirl.data import DATASETS
+    from minirl.rewards import REWARD_TERMS
+    from minirl.rollout.engine import ENGINES
+    from minirl.tools import TOOLS
+    from minirl.tracking import BACKENDS
+
+    def values(group: str, key: str) -> set:
+        return {OmegaConf.select(OmegaConf.load(CONF_DIR / group / f"{o}.yaml"), key) for o in options(group)}
+
+    assert values("loss", "name") == set(LOSSES.names())
+    assert values("rollout", "engine") == set(ENGINES.names())
+    assert values("data", "name") == set(DATASETS.names())
+    assert values("logger", "backend") == set(BACKENDS.names())
+    assert {n for o in options("tools") for n in OmegaConf.load(CONF_DIR / "tools" / f"{o}.yaml").names} == set(
+        TOOLS.names()
+    )
+    assert set(OmegaConf.load(CONF_DIR / "reward" / "minimind.yaml").weights) == set(REWARD_TERMS.names())
+    assert {OmegaConf.load(CONF_DIR / "config.yaml").algo.adv_estimator} == set(ADV_ESTIMATORS.names())
+
+
+def test_experiment_and_debug_presets_apply():
+    cfg = compose_cfg("experiment=cispo_4turns", "debug=cpu")
+    assert cfg.loss.name == "cispo" and cfg.rollout.max_turns == 4
+    assert cfg.trainer.steps == 2 and cfg.logger.backend == "none"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("rollout.max_turns=0", "rollout.max_turns"),
+        ("loss.clip_high=-0.1", "loss.clip_high"),
+        ("loss.beta=-1", "loss.beta"),
+        ("trainer.steps=0", "trainer.steps"),
+        ("rollout.temperature=0", "rollout.temperature"),
+    ],
+)
+def test_out_of_range_values_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        compose_cfg(override)
+
+
+@pytest.mark.parametrize("override", ["rollout.max_turnz=3", "loss.beta=abc", "+trainer.stepz=1"])
+def test_wrong_keys_and_types_fail_at_composition(override):
+    with pytest.raises(Exception, match=override.split("=")[0].lstrip("+").split(".")[-1]):
+        compose_cfg(override)
+
+
+def test_typo_inside_a_group_file_fails(tmp_path):
+    conf = tmp_path / "conf"
+    subprocess.run(["cp", "-r", str(CONF_DIR), str(conf)], check=True)
+    (conf / "loss" / "grpo.yaml").write_text("name: grpo\nclip_hgh: 0.3\n")
+    with initialize_config_dir(config_dir=str(conf), version_base=None), pytest.raises(Exception, match="clip_hgh"):
+        compose("config")
+
+
+def test_unknown_registry_names_list_the_known_ones():
+    with pytest.raises(ConfigError, match="unknown loss 'nope'; known: cispo, grpo"):
+        check_names(compose_cfg("loss.name=nope"))
+    with pytest.raises(ConfigError, match="unknown tool 'rm_rf'"):
+        check_names(compose_cfg("tools.names=[rm_rf]"))
+    with pytest.raises(ConfigError, match="reward term"):
+        check_names(compose_cfg("+reward.weights.bogus=1.0"))
+
+
+def test_unknown_group_option_is_one_line_with_the_options():
+    with pytest.raises(ConfigError, match=r"unknown loss 'nope'; known: cispo, grpo"):
+        check_group_choices(["loss=nope"])
+    check_group_choices(["loss=cispo", "-m", "loss=grpo,cispo", "rollout.max_turns=4", "experiment=null"])
+
+
+@pytest.mark.parametrize("override", ["rollout.max_turns=0", "loss=nope"])
+def test_cli_rejects_bad_config_with_one_line(override):
+    proc = subprocess.run([sys.executable, "-m", "minirl.train", override], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) == 1, lines
+    assert override.split("=")[0] in lines[0] and ("known:" in lines[0] or "must be" in lines[0])
+
+
+def test_cfg_job_prints_the_composed_config():
+    proc = subprocess.run(
+        [sys.executable, "-m", "minirl.train", "--cfg", "job", "loss=cispo"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0
+    printed = OmegaConf.create(proc.stdout)
+    assert printed.loss.name == "cispo" and printed.rollout.engine == "hf"

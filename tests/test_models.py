@@ -1,0 +1,65 @@
+"""The embedded tiny model: deterministic build, the Auto* loading path, and the SFT loss mask."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import CALC_TOOL, CONVERSATION
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from minirl.config import Config, TinyModelConfig
+from minirl.models.loading import load_model, load_tokenizer
+from minirl.models.tiny import build_model, build_tokenizer, render_texts
+from minirl.sft import tokenize_conversation
+
+SMALL = TinyModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+
+
+def test_build_is_deterministic_from_the_seed():
+    corpus = render_texts([(CONVERSATION, [CALC_TOOL])] * 10)
+    a, b = build_tokenizer(SMALL, corpus), build_tokenizer(SMALL, corpus)
+    assert a.get_vocab() == b.get_vocab()
+    ma, mb = build_model(SMALL, a), build_model(SMALL, b)
+    assert all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values()))
+    other = build_model(TinyModelConfig(**{**SMALL.__dict__, "seed": 1}), a)
+    assert not torch.equal(ma.model.embed_tokens.weight, other.model.embed_tokens.weight)
+
+
+def test_saved_model_loads_back_by_path_through_auto_classes(tmp_path, tokenizer):
+    model = build_model(SMALL, tokenizer).eval()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    auto_tok = AutoTokenizer.from_pretrained(tmp_path)
+    auto_model = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(auto_model).__name__ == "Qwen2ForCausalLM"
+    text = auto_tok.apply_chat_template(CONVERSATION, tools=[CALC_TOOL], tokenize=False)
+    assert text == tokenizer.apply_chat_template(CONVERSATION, tools=[CALC_TOOL], tokenize=False)
+    ids = torch.tensor([auto_tok.encode("<tool_call>hello</tool_call>")])
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, auto_model(ids).logits)
+    # the trainer's loader takes the same path string a hub id would be
+    cfg = Config()
+    loaded, loaded_tok = load_model(str(tmp_path), cfg, torch.device("cpu")), load_tokenizer(str(tmp_path), cfg)
+    assert loaded.training and all(p.requires_grad for p in loaded.parameters())
+    assert loaded_tok.eos_token == "<|im_end|>" and loaded_tok.pad_token == "<|endoftext|>"
+
+
+@pytest.mark.usefixtures("any_template_tokenizer")
+def test_sft_mask_covers_assistant_tokens_and_end_of_turn_only(any_template_tokenizer):
+    tok = any_template_tokenizer
+    example = tokenize_conversation(tok, CONVERSATION, [CALC_TOOL])
+    assert len(example.input_ids) == len(example.loss_mask)
+    spans, current = [], []
+    for token, m in zip(example.input_ids, example.loss_mask):
+        if m:
+            current.append(token)
+        elif current:
+            spans.append(current)
+            current = []
+    assert len(spans) == 2  # the tool-calling turn and the final answer
+    for span in spans:
+        assert span[-1] == tok.eos_token_id  # the model learns to stop
+        assert span.count(tok.eos_token_id) == 1
+    assert "calculate_math" in tok.decode(spans[0]) and "9472" in tok.decode(spans[1])
+    masked_out = tok.decode([t for t, m in zip(example.input_ids, example.loss_mask) if not m])
+    assert "<tool_response>" in masked_out and "What is 256 * 37" in masked_out
