@@ -36,12 +36,13 @@ class TinyModelConfig:
 
     vocab_size: int = 1024
     hidden_size: int = 128
-    num_layers: int = 4
+    num_layers: int = 2
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 512
     max_position_embeddings: int = 2048
     tokenizer_corpus_rows: int = 3000  # synthetic conversations the BPE merges are learned from
+    copy_pretrain_steps: int = 500  # random-string copying before SFT (see models/tiny.py)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -68,10 +69,10 @@ class SFTConfig:
     """Warm start on full synthetic tool trajectories (loss on assistant tokens only)."""
 
     rows: int = 3000
-    epochs: int = 2
-    batch_size: int = 32
-    lr: float = 2e-3
-    warmup_steps: int = 30
+    epochs: int = 5
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup_steps: int = 20
     max_length: int = 1024
     seed: int = 0
 
@@ -181,9 +182,9 @@ class LRSchedule(str, Enum):
 
 @dataclass
 class TrainerConfig:
-    steps: int = 40
+    steps: int = 60
     prompts_per_step: int = 8  # tasks per step; the batch holds prompts_per_step * group_size trajectories
-    lr: float = 3e-4
+    lr: float = 2e-4
     lr_schedule: LRSchedule = LRSchedule.constant
     warmup_steps: int = 0
     weight_decay: float = 0.0

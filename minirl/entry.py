@@ -35,6 +35,9 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
 
 
 def run_entry(dict_cfg: DictConfig, job: Callable[[Config, Console], object]) -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the console shows our own progress; keep it readable
     console = Console()
     try:
         cfg = to_config(dict_cfg)

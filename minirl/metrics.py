@@ -35,6 +35,15 @@ def rollout_metrics(trajs: list[Trajectory], prefix: str = "") -> dict[str, floa
     return {prefix + k: v for k, v in out.items()}
 
 
+def success_by_kind(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
+    """Success rate per task kind (e.g. single / double / no_tool), to see where a gain comes from."""
+    kinds = sorted({t.task.kind for t in trajs if t.task.kind})
+    return {
+        f"{prefix}success_rate/{kind}": fmean(float(is_success(t)) for t in trajs if t.task.kind == kind)
+        for kind in kinds
+    }
+
+
 def advantage_metrics(advantages: torch.Tensor) -> dict[str, float]:
     """advantages: [N] one scalar per trajectory."""
     return {

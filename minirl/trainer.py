@@ -28,7 +28,7 @@ from minirl.algos.losses import LOSSES, micro_batch_share
 from minirl.config import Config, LRSchedule
 from minirl.data import DATASETS
 from minirl.data.task import Task
-from minirl.metrics import advantage_metrics, rollout_metrics
+from minirl.metrics import advantage_metrics, rollout_metrics, success_by_kind
 from minirl.models.loading import load_model, load_tokenizer, resolve_device, resolve_model_path
 from minirl.rewards import check_weights, score_all
 from minirl.rollout.agent_loop import AgentLimits, run_agent
@@ -174,7 +174,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         trajs = self.rollout(self.heldout, 1, self.cfg.trainer.eval_temperature)
         score_all(trajs, self.cfg.reward)
-        metrics = rollout_metrics(trajs, prefix="eval/")
+        metrics = {**rollout_metrics(trajs, prefix="eval/"), **success_by_kind(trajs, prefix="eval/")}
         metrics["eval/success_rate"] = metrics.pop("eval/rollout/success_rate")
         return metrics
 
@@ -249,9 +249,12 @@ class Trainer:
         metrics = self.evaluate()
         tracker.log(step, metrics)
         result.eval_history.append((step, metrics["eval/success_rate"]))
+        kinds = "  ".join(
+            f"{k.rsplit('/', 1)[-1]} {v:.0%}" for k, v in metrics.items() if k.startswith("eval/success_rate/")
+        )
         self.console.print(
             f"[bold cyan]eval[/] step {step:>4}: held-out success {metrics['eval/success_rate']:.1%} "
-            f"({len(self.heldout)} tasks), reward {metrics['eval/reward/mean']:+.2f}"
+            f"({len(self.heldout)} tasks; {kinds}), reward {metrics['eval/reward/mean']:+.2f}"
         )
 
 

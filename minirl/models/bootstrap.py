@@ -56,15 +56,28 @@ def _save_atomically(target: Path, model, tokenizer) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _build_base(cfg: Config, target: Path) -> None:
+def _run_with_progress(console, label: str, train) -> float:
+    """Run `train(on_step)` under a progress bar; returns its final loss."""
+    columns = (*Progress.get_default_columns(), TextColumn("loss {task.fields[loss]:.3f}"))
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task(label, total=None, loss=float("nan"))
+        return train(lambda step, total, loss: bar.update(task, completed=step, total=total, loss=loss))
+
+
+def _build_base(cfg: Config, target: Path, console) -> None:
     from minirl.data.synthetic_tools import sft_rows
     from minirl.data.task import task_from_row
-    from minirl.models.tiny import build_model, build_tokenizer, render_texts
+    from minirl.models.tiny import build_model, build_tokenizer, pretrain_copying, render_texts
 
-    rows = sft_rows(cfg.model.tiny.tokenizer_corpus_rows, seed=cfg.model.tiny.seed + 1000, exclude_prompts=set())
+    tiny = cfg.model.tiny
+    rows = sft_rows(tiny.tokenizer_corpus_rows, seed=tiny.seed + 1000, exclude_prompts=set())
     tasks = [task_from_row(row, f"corpus[{i}]") for i, row in enumerate(rows)]
-    tokenizer = build_tokenizer(cfg.model.tiny, render_texts((t.conversation, t.tools) for t in tasks))
-    _save_atomically(target, build_model(cfg.model.tiny, tokenizer), tokenizer)
+    tokenizer = build_tokenizer(tiny, render_texts((t.conversation, t.tools) for t in tasks))
+    model = build_model(tiny, tokenizer)
+    start = time.perf_counter()
+    loss = _run_with_progress(console, "copy pretraining", lambda on_step: pretrain_copying(model, tiny, on_step))
+    console.print(f"copy pretraining: {tiny.copy_pretrain_steps} steps in {time.perf_counter() - start:.0f}s, loss {loss:.3f}")
+    _save_atomically(target, model, tokenizer)
 
 
 def _warm_start(cfg: Config, base: Path, target: Path, console) -> None:
@@ -79,12 +92,9 @@ def _warm_start(cfg: Config, base: Path, target: Path, console) -> None:
         f"for {cfg.sft.epochs} epochs (cached in {target.parent})"
     )
     start = time.perf_counter()
-    with Progress(*Progress.get_default_columns(), TextColumn("loss {task.fields[loss]:.3f}"), console=console) as bar:
-        task = bar.add_task("SFT", total=None, loss=float("nan"))
-        loss = train_sft(
-            model, tokenizer, examples, cfg.sft, device,
-            on_step=lambda step, total, loss: bar.update(task, completed=step, total=total, loss=loss),
-        )  # fmt: skip
+    loss = _run_with_progress(
+        console, "SFT", lambda on_step: train_sft(model, tokenizer, examples, cfg.sft, device, on_step=on_step)
+    )
     console.print(f"warm start done in {time.perf_counter() - start:.0f}s, final epoch loss {loss:.3f}")
     _save_atomically(target, model, tokenizer)
 
@@ -96,7 +106,7 @@ def ensure_tiny(cfg: Config, console, warm: bool) -> Path:
     base, sft = root / "base", root / "sft"
     if not (base / "config.json").exists():
         console.print(f"building the embedded tiny model in {root}")
-        _build_base(cfg, base)
+        _build_base(cfg, base, console)
     if not warm:
         return base
     if not (sft / "config.json").exists():

@@ -75,6 +75,38 @@ def build_tokenizer(cfg: TinyModelConfig, corpus: list[str]) -> PreTrainedTokeni
     return _wrap(_byte_level_tokenizer(cfg.vocab_size, pieces))
 
 
+def pretrain_copying(model: Qwen2ForCausalLM, cfg: TinyModelConfig, on_step=None) -> float:
+    """Teach a fresh model to copy: random token strings of random length, each followed by a
+    repeat of itself, with the loss on the repeat. Returns the final loss.
+
+    Tool use is mostly copying (arguments from the question into the call, values from the tool
+    result into the answer). A model this small, trained from scratch on a few thousand
+    conversations, does not find the attention circuit for it (an induction head) within a CPU
+    budget. Here it appears after about 400 steps; the varying length makes it a real lookup
+    rather than a fixed-offset shortcut. With it, SFT reaches a 2.5x lower loss in the same time.
+    """
+    generator = torch.Generator().manual_seed(cfg.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    first_id = len(SPECIAL_TOKENS)  # never the turn markers
+    model.train()
+    loss = float("nan")
+    for step in range(cfg.copy_pretrain_steps):
+        n = int(torch.randint(6, 30, (1,), generator=generator))
+        half = torch.randint(first_id, model.config.vocab_size, (64, n), generator=generator)  # [B, n]
+        ids = torch.cat([half, half], dim=1)  # [B, 2n]
+        labels = ids.clone()
+        labels[:, : n + 1] = -100  # the second copy's first token is not predictable; the rest are
+        out = model(input_ids=ids, labels=labels)
+        out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss = out.loss.item()
+        if on_step is not None:
+            on_step(step + 1, cfg.copy_pretrain_steps, loss)
+    model.eval()
+    return loss
+
+
 def build_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
     config = Qwen2Config(
         vocab_size=len(tokenizer),

@@ -33,18 +33,17 @@ class HFEngine:
         for row, prompt in enumerate(prompts):
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             attention[row, width - len(prompt) :] = 1
-        greedy = params.temperature == 0
+        # explicit sampling values: None would fall back to generation defaults such as top_k=50
+        sampling = {"do_sample": False} if params.temperature == 0 else {
+            "do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+        }  # fmt: skip
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
-            do_sample=not greedy,
-            # explicit values: None would fall back to generation defaults such as top_k=50
-            temperature=1.0 if greedy else params.temperature,
-            top_p=1.0 if greedy else params.top_p,
-            top_k=0 if greedy else params.top_k,
             eos_token_id=self.eos_id,
             pad_token_id=self.pad_id,
             output_scores=True,
             return_dict_in_generate=True,
+            **sampling,
         )
         if params.seed is not None:
             torch.manual_seed(params.seed)
