@@ -47,13 +47,23 @@ def turn(text: str, *results: ToolResult) -> Turn:
     return Turn(text=text, parsed=parse_turn(text), tool_results=list(results))
 
 
-def traj(turns: list[Turn], finish: FinishReason | None, gt: tuple[str, ...] = ("23",)) -> Trajectory:
+REFERENCE_CALL = {"id": "call_0", "type": "function", "function": {"name": "get_current_weather", "arguments": {}}}
+TOOL_REFERENCE = [
+    {"role": "assistant", "content": "", "tool_calls": [REFERENCE_CALL]},
+    {"role": "tool", "tool_call_id": "call_0", "name": "get_current_weather", "content": '{"temperature": "23"}'},
+    {"role": "assistant", "content": "It is 23°C in Paris."},
+]
+
+
+def traj(
+    turns: list[Turn], finish: FinishReason | None, gt: tuple[str, ...] = ("23",), reference=TOOL_REFERENCE
+) -> Trajectory:
     task = Task(
         id="t0",
         messages=[{"role": "user", "content": "What is the temperature in Paris?"}],
         tools=[],
         gt=list(gt),
-        reference=[{"role": "assistant", "content": "It is 23°C in Paris."}],
+        reference=list(reference),
         kind="single",
     )
     return Trajectory(task=task, group_index=0, prompt_ids=[1, 2, 3], turns=turns, finish_reason=finish)
@@ -139,11 +149,12 @@ def test_registered_terms():
 
 def test_tool_alignment():
     assert T.tool_alignment(correct()) == 1.0
-    assert T.tool_alignment(traj([turn(ANSWER)], FinishReason.ANSWER)) == 0.0  # no tools used
-    two = traj([turn(WEATHER + WEATHER, result(), result()), turn(ANSWER)], FinishReason.ANSWER, gt=("23", "Paris"))
+    assert T.tool_alignment(traj([turn(ANSWER)], FinishReason.ANSWER)) == -1.0  # the expected call is missing
+    # without a reference, one call per gt value is expected (MiniMind)
+    two = traj([turn(WEATHER + WEATHER, result(), result()), turn(ANSWER)], FinishReason.ANSWER, ("23", "Paris"), ())
     assert T.tool_alignment(two) == 1.0
     # one valid call for two gt values, plus one invalid: gap = |1 - 2| + 1
-    mixed = traj([turn(WEATHER + WEATHER, result(), result("bad_arguments"))], FinishReason.MAX_TURNS, gt=("a", "b"))
+    mixed = traj([turn(WEATHER + WEATHER, result(), result("bad_arguments"))], FinishReason.MAX_TURNS, ("a", "b"), ())
     assert T.tool_alignment(mixed) == -2.0
     # a tool that failed or timed out was still called correctly
     assert T.tool_alignment(traj([turn(WEATHER, result("timeout")), turn(ANSWER)], FinishReason.ANSWER)) == 1.0
@@ -236,6 +247,23 @@ def test_think_terms_are_zero_on_the_tool_branch():
 
 
 # -- score -------------------------------------------------------------------------------------
+
+
+def test_answering_a_tool_task_without_the_tool_does_not_pay():
+    from_memory = traj([turn(ANSWER.replace("23", "21"))], FinishReason.ANSWER)
+    assert T.tool_alignment(from_memory) == -1.0  # one expected call missing
+    valid_call_wrong_answer = traj([turn(WEATHER, result()), turn("It is 21°C.")], FinishReason.ANSWER)
+    assert score(valid_call_wrong_answer, CFG)[0] > score(from_memory, CFG)[0]
+    # a task whose reference needs no tool: no penalty without tools, a penalty for calling one
+    no_tool = [{"role": "assistant", "content": "Paris."}]
+    assert T.tool_alignment(traj([turn("Paris.")], FinishReason.ANSWER, ("Paris",), no_tool)) == 0.0
+    assert (
+        T.tool_alignment(traj([turn(WEATHER, result()), turn("Paris.")], FinishReason.ANSWER, ("Paris",), no_tool))
+        == -1.0
+    )
+    # rows without a reference fall back to MiniMind: one call per gt value, scored only with tools
+    assert T.tool_alignment(traj([turn(ANSWER)], FinishReason.ANSWER, reference=())) == 0.0
+    assert T.tool_alignment(traj([turn(WEATHER, result()), turn(ANSWER)], FinishReason.ANSWER, reference=())) == 1.0
 
 
 def test_correct_tool_trajectory_scores_highest():

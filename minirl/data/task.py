@@ -41,6 +41,13 @@ class Task:
         """Prompt plus reference: the whole conversation SFT trains on."""
         return [*self.messages, *self.reference]
 
+    @property
+    def expected_tool_calls(self) -> int | None:
+        """How many tool calls the reference answer makes; None when the row has no reference."""
+        if not self.reference:
+            return None
+        return sum(len(m.get("tool_calls") or []) for m in self.reference if m["role"] == "assistant")
+
 
 def _load_json_string(value: Any, what: str) -> Any:
     """A value that may arrive as JSON text, decoded."""

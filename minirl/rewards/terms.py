@@ -65,17 +65,23 @@ def _last_words(traj: Trajectory) -> str:
 
 @REWARD_TERMS.register("tool_alignment")
 def tool_alignment(traj: Trajectory) -> float:
-    """+1 if the valid calls match the gt count and none is invalid, else -gap; 0 without tools.
+    """+1 if the valid calls match the expected count and none is invalid, else -gap.
 
-    gap = |valid calls - len(gt)| + invalid calls, counted over executed calls (ToolResult); a call
-    is invalid when it named an unknown tool or its arguments were rejected. MiniMind's proxy for
-    "one call per value to look up": each gt value is expected to cost one call.
+    gap = |valid calls - expected| + invalid calls, counted over executed calls (ToolResult); a call
+    is invalid when it named an unknown tool or its arguments were rejected. `expected` is the
+    number of calls in the task's reference answer; MiniMind's proxy, one call per gt value, is
+    used for rows without one. MiniMind scored this term only when tools were used, so answering
+    a tool task from memory paid as much as a correct call with a wrong answer; here it counts
+    whenever a call is expected, and answering without the required tool does not pay.
     """
-    if not used_tools(traj):
+    expected = traj.task.expected_tool_calls
+    if not used_tools(traj) and not expected:
         return 0.0
+    if expected is None:
+        expected = len(traj.task.gt)
     results = [r for turn in traj.turns for r in turn.tool_results]
     valid = sum(1 for r in results if r.valid_call)
-    gap = abs(valid - len(traj.task.gt)) + (len(results) - valid)
+    gap = abs(valid - expected) + (len(results) - valid)
     return 1.0 if gap == 0 else -float(gap)
 
 
