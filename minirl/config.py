@@ -144,7 +144,7 @@ class LossConfig:
     clip_high: float = 0.2  # ratio upper clip 1 + clip_high (grpo), IS-weight cap 1 + clip_high (cispo)
     beta: float = 0.02  # KL coefficient to the frozen reference; 0 = no reference model
     kl_estimator: str = "k3"  # registry key: k1 | k2 | k3
-    agg: str = "token-mean"  # token-mean | seq-mean-token-mean
+    agg: str = "seq-mean-token-mean"  # token-mean | seq-mean-token-mean
 
     def __post_init__(self) -> None:
         _check(self.clip_low >= 0, "loss.clip_low", f"must be >= 0, got {self.clip_low}")
@@ -184,7 +184,7 @@ class LRSchedule(str, Enum):
 class TrainerConfig:
     steps: int = 60
     prompts_per_step: int = 8  # tasks per step; the batch holds prompts_per_step * group_size trajectories
-    lr: float = 2e-4
+    lr: float = 1e-4
     lr_schedule: LRSchedule = LRSchedule.constant
     warmup_steps: int = 0
     weight_decay: float = 0.0

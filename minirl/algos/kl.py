@@ -36,7 +36,12 @@ def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:  # [B, T], [B, T] -> [B, T]
     return 0.5 * (logp - ref_logp).square()
 
 
+K3_MAX_LOG_RATIO = 10.0
+
+
 @KL_ESTIMATORS.register("k3")
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:  # [B, T], [B, T] -> [B, T]
-    d = ref_logp - logp
+    # exp(d) grows without bound when the policy drops a token the reference likes; like verl,
+    # clamp the log-ratio so that one such token cannot blow up the loss and the gradient
+    d = (ref_logp - logp).clamp(-K3_MAX_LOG_RATIO, K3_MAX_LOG_RATIO)
     return torch.expm1(d) - d  # = exp(d) - 1 - d, without cancellation when pi ~ pi_ref

@@ -34,7 +34,7 @@ SYSTEM_PROMPT = (
 _TOOLS = build_tools(MINIMIND_TOOL_NAMES)
 _EXECUTOR = ToolExecutor(_TOOLS, timeout_s=10.0, max_output_chars=4096)
 
-_SFT_MIX = {"single": 0.55, "double": 0.10, "no_tool": 0.35}
+_SFT_MIX = {"single": 0.55, "double": 0.25, "no_tool": 0.20}
 _RL_MIX = {"single": 0.45, "double": 0.35, "no_tool": 0.20}
 _SAME_TOOL_TWICE = 0.3  # share of double tasks that call one tool twice
 _GREETING_SHARE = 0.1  # share of no-tool tasks that are greetings

@@ -76,7 +76,8 @@ def _build_base(cfg: Config, target: Path, console) -> None:
     model = build_model(tiny, tokenizer)
     start = time.perf_counter()
     loss = _run_with_progress(console, "copy pretraining", lambda on_step: pretrain_copying(model, tiny, on_step))
-    console.print(f"copy pretraining: {tiny.copy_pretrain_steps} steps in {time.perf_counter() - start:.0f}s, loss {loss:.3f}")
+    elapsed = time.perf_counter() - start
+    console.print(f"copy pretraining: {tiny.copy_pretrain_steps} steps in {elapsed:.0f}s, final loss {loss:.3f}")
     _save_atomically(target, model, tokenizer)
 
 
