@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from minirl.registry import ConfigError
+from minirl.tools.minimind import MINIMIND_TOOL_NAMES
 
 
 def _check(ok: bool, key: str, message: str) -> None:
@@ -84,16 +85,7 @@ class SFTConfig:
 
 @dataclass
 class ToolsConfig:
-    names: List[str] = field(
-        default_factory=lambda: [
-            "calculate_math",
-            "unit_converter",
-            "get_current_weather",
-            "get_current_time",
-            "get_exchange_rate",
-            "translate_text",
-        ]
-    )
+    names: List[str] = field(default_factory=lambda: list(MINIMIND_TOOL_NAMES))
     timeout_s: float = 2.0  # per call
     max_output_chars: int = 2048  # observation cap; longer output is cut with a marker
     max_calls_per_turn: int = 4  # more calls in one turn make the turn invalid
