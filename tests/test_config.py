@@ -120,17 +120,22 @@ def test_unknown_group_option_is_one_line_with_the_options():
 
 
 @pytest.mark.parametrize("override", ["rollout.max_turns=0", "loss=nope"])
-def test_cli_rejects_bad_config_with_one_line(override):
-    proc = subprocess.run([sys.executable, "-m", "minirl.train", override], capture_output=True, text=True, timeout=60)
+def test_cli_rejects_bad_config_with_one_line(override, tmp_path):
+    cmd = [sys.executable, "-m", "minirl.train", override]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(lines) == 1, lines
     assert override.split("=")[0] in lines[0] and ("known:" in lines[0] or "must be" in lines[0])
 
 
-def test_cfg_job_prints_the_composed_config():
+def test_cfg_job_prints_the_composed_config(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "minirl.train", "--cfg", "job", "loss=cispo"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "minirl.train", "--cfg", "job", "loss=cispo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0
     printed = OmegaConf.create(proc.stdout)
