@@ -42,6 +42,7 @@ class WandbBackend:
             mode=cfg.logger.mode.value,
             dir=str(run_dir),
             config=dataclasses.asdict(cfg),
+            settings=wandb.Settings(quiet=True),  # the console already shows each step
         )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

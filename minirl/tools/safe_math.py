@@ -29,7 +29,7 @@ class _Evaluator:
         self.max_digits = max_digits
         self.limit = 10**max_digits
         self.nodes: dict[type, Callable[[ast.AST], Number]] = {
-            ast.Expression: lambda node: self.eval(node.body),
+            ast.Expression: lambda node: self.value_of(node.body),
             ast.Constant: self._constant,
             ast.BinOp: self._binary,
             ast.UnaryOp: self._unary,
@@ -45,7 +45,7 @@ class _Evaluator:
         }
         self.unary: dict[type, Callable[[Number], Number]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
-    def eval(self, node: ast.AST) -> Number:
+    def value_of(self, node: ast.AST) -> Number:
         handler = self.nodes.get(type(node))
         if handler is None:
             raise MathError(f"{type(node).__name__} is not allowed; use numbers, + - * / // % ** and parentheses")
@@ -74,13 +74,13 @@ class _Evaluator:
         op = self.binary.get(type(node.op))
         if op is None:
             raise MathError(f"operator {type(node.op).__name__} is not allowed; use + - * / // % **")
-        return op(self.eval(node.left), self.eval(node.right))
+        return op(self.value_of(node.left), self.value_of(node.right))
 
     def _unary(self, node: ast.UnaryOp) -> Number:
         op = self.unary.get(type(node.op))
         if op is None:
             raise MathError(f"operator {type(node.op).__name__} is not allowed; use unary + or -")
-        return op(self.eval(node.operand))
+        return op(self.value_of(node.operand))
 
     def _multiply(self, a: Number, b: Number) -> Number:
         if isinstance(a, int) and isinstance(b, int) and a and b:
@@ -106,7 +106,7 @@ def evaluate(expression: str, *, max_length: int = 200, max_exponent: int = 64, 
     except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
         raise MathError(f"not a valid arithmetic expression: {expression!r}") from err
     try:
-        return _Evaluator(max_exponent, max_digits).eval(tree)
+        return _Evaluator(max_exponent, max_digits).value_of(tree)
     except ZeroDivisionError as err:
         raise MathError("division by zero") from err
     except OverflowError as err:
