@@ -181,6 +181,7 @@ class TrainerConfig:
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    ppo_epochs: int = 1  # optimizer steps per rollout batch; >1 reuses samples and makes clipping bite
     micro_batch_size: int = 16  # trajectories per forward/backward
     eval_every: int = 10  # held-out evaluation every N steps (and at step 0 and the end)
     eval_temperature: float = 0.0  # 0 = greedy
@@ -189,7 +190,7 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
     def __post_init__(self) -> None:
-        for key in ("steps", "prompts_per_step", "micro_batch_size", "eval_every"):
+        for key in ("steps", "prompts_per_step", "ppo_epochs", "micro_batch_size", "eval_every"):
             _check(getattr(self, key) > 0, f"trainer.{key}", "must be > 0")
         _check(self.lr > 0, "trainer.lr", "must be > 0")
         _check(self.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0")

@@ -151,7 +151,7 @@ class Trainer:
         if step < t.warmup_steps:
             return (step + 1) / t.warmup_steps
         if t.lr_schedule is LRSchedule.cosine:
-            progress = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
+            progress = (step - t.warmup_steps) / max(1, t.steps * t.ppo_epochs - t.warmup_steps)  # optimizer steps
             return 0.5 * (1 + math.cos(math.pi * progress))
         return 1.0
 
@@ -221,7 +221,8 @@ class Trainer:
             score_all(trajs, cfg.reward)  # reward
             rewards = torch.tensor([t.reward for t in trajs])
             advantages = self.adv_fn(rewards, cfg.rollout.group_size, cfg.algo.adv_eps)  # advantage
-            update = self.update_policy(trajs, advantages)  # loss, step, weight sync
+            for _ in range(cfg.trainer.ppo_epochs):
+                update = self.update_policy(trajs, advantages)  # loss, step, weight sync
             t2 = time.perf_counter()
             metrics = {
                 **rollout_metrics(trajs), **advantage_metrics(advantages), **update,

@@ -35,7 +35,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def test_train_runs_end_to_end_and_logs_every_metric(cache_dir, tmp_path):
-    cfg = debug_config(cache_dir, tmp_path, "logger.backend=wandb", "logger.mode=offline")
+    cfg = debug_config(cache_dir, tmp_path, "logger.backend=wandb", "logger.mode=offline", "trainer.ppo_epochs=2")
     result = train(cfg)
     assert [step for step, _ in result.eval_history] == [0, 1, 2]
     rows = read_metrics(tmp_path)
