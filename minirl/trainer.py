@@ -178,14 +178,14 @@ class Trainer:
         metrics["eval/success_rate"] = metrics.pop("eval/rollout/success_rate")
         return metrics
 
-    def update_policy(self, trajs: list[Trajectory], advantages: torch.Tensor) -> dict[str, float]:
+    def update_policy(self, batch: PolicyBatch) -> dict[str, float]:
         """One optimizer step over the batch in micro-batches whose gradients add up to the full batch's."""
         self.policy.train()
-        batch = collate(trajs, advantages, self.tokenizer.pad_token_id)
+        n = batch.input_ids.shape[0]
         temperature = self.cfg.rollout.temperature
         sums: dict[str, torch.Tensor] = {}
         size = self.cfg.trainer.micro_batch_size
-        for first in range(0, len(trajs), size):
+        for first in range(0, n, size):
             micro = batch.rows(slice(first, first + size)).to(self.device)
             logp = token_logprobs(self.policy, micro, temperature)
             ref_logp = None
@@ -201,7 +201,6 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.engine.sync_weights(self.policy)
         return {
             **{k: float(v) for k, v in sums.items()},
             "grad_norm": grad_norm.item(),
@@ -221,8 +220,10 @@ class Trainer:
             score_all(trajs, cfg.reward)  # reward
             rewards = torch.tensor([t.reward for t in trajs])
             advantages = self.adv_fn(rewards, cfg.rollout.group_size, cfg.algo.adv_eps)  # advantage
+            batch = collate(trajs, advantages, self.tokenizer.pad_token_id)
             for _ in range(cfg.trainer.ppo_epochs):
-                update = self.update_policy(trajs, advantages)  # loss, step, weight sync
+                update = self.update_policy(batch)  # loss and optimizer step
+            self.engine.sync_weights(self.policy)  # the next rollout samples from the new weights
             t2 = time.perf_counter()
             metrics = {
                 **rollout_metrics(trajs), **advantage_metrics(advantages), **update,

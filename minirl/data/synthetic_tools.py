@@ -10,8 +10,9 @@ Three families (the row's "kind"):
 Reference tool messages hold exactly what `ToolExecutor` returns for the reference calls, and
 gt holds the values the reference answer contains verbatim. Every question has "core" and
 "extra" phrasings: the SFT warm start sees only core ones, RL sees both. The system message
-offers the needed tools plus 0-2 distractors, shuffled. All randomness comes from
-`random.Random(seed)`.
+offers the needed tools plus up to _MAX_DISTRACTORS others, shuffled (0 by default: each schema
+costs about 60 prompt tokens, which the CPU budget of the default run cannot spare). All
+randomness comes from `random.Random(seed)`.
 """
 
 from __future__ import annotations
