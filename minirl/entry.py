@@ -44,7 +44,7 @@ def run_entry(dict_cfg: DictConfig, job: Callable[[Config, Console], object]) ->
         cfg.output_dir = HydraConfig.get().runtime.output_dir
         job(cfg, console)
     except ConfigError as err:
-        console.print(f"[bold red]config error:[/] {err}", highlight=False)
+        console.print(f"[bold red]config error:[/] {err}", highlight=False, soft_wrap=True)  # one line, any width
         sys.exit(2)
 
 

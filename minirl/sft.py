@@ -16,6 +16,7 @@ from pathlib import Path
 
 import hydra
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from minirl.config import Config, SFTConfig
@@ -71,6 +72,19 @@ def _batches(examples: list[SFTExample], batch_size: int, pad_id: int, rng: rand
         yield ids, attention, labels
 
 
+def assistant_token_loss(model, ids: torch.Tensor, attention: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the labelled tokens of a [B, L] batch (-100 = no loss).
+
+    Logits are computed only from the first labelled position on: the prompt (system message
+    and tool schemas, most of each row) is context, and the LM head over it would be wasted.
+    """
+    first = int((labels != -100).any(dim=0).nonzero()[0])  # earliest labelled position in the batch
+    keep = ids.shape[1] - first + 1  # from the position that predicts it
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits[:, :-1]  # [B, keep-1, V]
+    targets = labels[:, first:]  # [B, keep-1]
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+
 def train_sft(
     model, tokenizer, examples: list[SFTExample], cfg: SFTConfig, device: torch.device, on_step=None
 ) -> float:
@@ -93,13 +107,13 @@ def train_sft(
     for _ in range(cfg.epochs):
         losses = []
         for ids, attention, labels in _batches(examples, cfg.batch_size, tokenizer.pad_token_id, rng):
-            out = model(input_ids=ids.to(device), attention_mask=attention.to(device), labels=labels.to(device))
-            out.loss.backward()
+            loss = assistant_token_loss(model, ids.to(device), attention.to(device), labels.to(device))
+            loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            losses.append(out.loss.item())
+            losses.append(loss.item())
             step += 1
             if on_step is not None:
                 on_step(step, total, losses[-1])

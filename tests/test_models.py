@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minirl.config import Config, TinyModelConfig
 from minirl.models.loading import load_model, load_tokenizer
 from minirl.models.tiny import build_model, build_tokenizer, render_texts
-from minirl.sft import tokenize_conversation
+from minirl.sft import assistant_token_loss, tokenize_conversation
 
 SMALL = TinyModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
 
@@ -63,3 +63,35 @@ def test_sft_mask_covers_assistant_tokens_and_end_of_turn_only(any_template_toke
     assert "calculate_math" in tok.decode(spans[0]) and "9472" in tok.decode(spans[1])
     masked_out = tok.decode([t for t, m in zip(example.input_ids, example.loss_mask) if not m])
     assert "<tool_response>" in masked_out and "What is 256 * 37" in masked_out
+
+
+def test_assistant_token_loss_equals_the_full_sequence_loss(tiny_policy):
+    model, tokenizer, heldout = tiny_policy
+    examples = [tokenize_conversation(tokenizer, t.conversation, t.tools) for t in heldout[:4]]
+    width = max(len(e.input_ids) for e in examples)
+    ids = torch.full((len(examples), width), tokenizer.pad_token_id)
+    labels = torch.full((len(examples), width), -100)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, e in enumerate(examples):
+        n = len(e.input_ids)
+        ids[row, :n], attention[row, :n] = torch.tensor(e.input_ids), 1
+        labels[row, :n] = torch.where(torch.tensor(e.loss_mask, dtype=torch.bool), ids[row, :n], -100)
+    assert (labels[:, :20] == -100).all()  # the prompt is context: there is something to skip
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        assert torch.allclose(assistant_token_loss(model, ids, attention, labels), expected, atol=1e-5)
+
+
+def test_names_from_the_question_are_the_same_tokens_inside_a_call():
+    """A capitalised word never merges with what precedes it, so copying it into JSON is exact."""
+    pairs = [
+        ("How many CNY do I get for one USD?", '{"from_currency": "USD"}', "USD"),
+        ("What time is it in Chicago?", '{"timezone": "America/Chicago"}', "Chicago"),
+        ("What is the weather in Paris?", '{"city": "Paris"}', "Paris"),
+    ]
+    tokenizer = build_tokenizer(SMALL, [text for pair in pairs for text in pair[:2]] * 50)
+    for question, call, name in pairs:
+        name_ids = tokenizer.encode(name)
+        assert len(name_ids) == 1  # the corpus made it a word of its own
+        for text in (question, call):
+            assert name_ids[0] in tokenizer.encode(text), (text, name)

@@ -33,6 +33,13 @@ def _wrap(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
     return wrapped
 
 
+def _qwen2_pre_tokenizer(split_capitalised: bool) -> pre_tokenizers.PreTokenizer:
+    steps = [pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False)]
+    if split_capitalised:
+        steps.append(pre_tokenizers.Split(Regex(r"\p{Lu}\p{L}*"), behavior="isolated", invert=False))
+    return pre_tokenizers.Sequence([*steps, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+
 def _byte_level_tokenizer(vocab_size: int, corpus: Iterable[str] | None) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE())
     # Qwen2's normalisation and pre-tokenisation, exactly: AutoTokenizer loads any model_type
@@ -41,12 +48,13 @@ def _byte_level_tokenizer(vocab_size: int, corpus: Iterable[str] | None) -> Toke
     # also makes every digit a token of its own, so a number copied from a tool result into the
     # answer is the same token sequence in both places.
     tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    # Merges are learned with capitalised words split from what precedes them, so no token joins
+    # a capital letter to a space, quote or slash: "USD" in ` one USD?` and in
+    # `"from_currency": "USD"` (or "Chicago" in `in Chicago` and `"America/Chicago"`) is then one
+    # and the same token, and putting a name from the question into a call is a plain copy.
+    # Lower-case words keep their leading space, so prose stays short. Qwen2's own pre-tokeniser
+    # applies these merges unchanged: it only ever sees them inside its pieces.
+    tokenizer.pre_tokenizer = _qwen2_pre_tokenizer(split_capitalised=True)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -55,6 +63,7 @@ def _byte_level_tokenizer(vocab_size: int, corpus: Iterable[str] | None) -> Toke
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus or [""], trainer)
+    tokenizer.pre_tokenizer = _qwen2_pre_tokenizer(split_capitalised=False)
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
     return tokenizer
