@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from minirl.protocol.parsing import CallPolicy
 from minirl.registry import ConfigError
 from minirl.tools.minimind import MINIMIND_TOOL_NAMES
 
@@ -84,17 +85,39 @@ class SFTConfig:
 
 
 @dataclass
+class SandboxConfig:
+    """Limits of one code_interpreter run (minirl/tools/sandbox.py). There is no wall-clock key: a
+    run is killed at 90% of tools.timeout_s after its call started, waiting for a worker included."""
+
+    workers: int = 4  # interpreter processes at once; further calls wait for a free one
+    cpu_s: int = 5  # CPU seconds (RLIMIT_CPU)
+    memory_mb: int = 512  # address space (RLIMIT_AS)
+    file_mb: int = 16  # largest file the code writes, its stdout and stderr included (RLIMIT_FSIZE)
+    open_files: int = 64  # RLIMIT_NOFILE
+    processes: int = 64  # RLIMIT_NPROC: counts all processes and threads of the user; root is exempt
+    max_output_chars: int = 2048  # stdout + stderr the model sees, cut with a marker; JSON escaping adds more
+
+    def __post_init__(self) -> None:
+        for key in ("workers", "cpu_s", "file_mb", "processes"):
+            _check(getattr(self, key) > 0, f"tools.sandbox.{key}", "must be > 0")
+        _check(self.memory_mb >= 64, "tools.sandbox.memory_mb", "must be >= 64 (the interpreter needs about 20)")
+        _check(self.open_files >= 16, "tools.sandbox.open_files", "must be >= 16 (the interpreter needs a few)")
+        _check(self.max_output_chars >= 200, "tools.sandbox.max_output_chars", "must be >= 200 (room for markers)")
+
+
+@dataclass
 class ToolsConfig:
     names: List[str] = field(default_factory=lambda: list(MINIMIND_TOOL_NAMES))
+    # Python modules imported at start-up, before `names` is resolved, so their @tool functions register
+    imports: List[str] = field(default_factory=list)
     timeout_s: float = 2.0  # per call
     max_output_chars: int = 2048  # observation cap; longer output is cut with a marker
-    max_calls_per_turn: int = 4  # more calls in one turn make the turn invalid
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # code_interpreter only
 
     def __post_init__(self) -> None:
         _check(len(self.names) > 0, "tools.names", "must name at least one tool")
         _check(self.timeout_s > 0, "tools.timeout_s", "must be > 0")
         _check(self.max_output_chars > 0, "tools.max_output_chars", "must be > 0")
-        _check(self.max_calls_per_turn > 0, "tools.max_calls_per_turn", "must be > 0")
 
 
 @dataclass
@@ -105,6 +128,26 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         _check(self.clip > 0, "reward.clip", "must be > 0")
+
+
+@dataclass
+class ProtocolConfig:
+    """How tool calls are written and read (minirl/protocol). `format` must match the model's chat
+    template: the embedded tiny model and Qwen2.5 write Hermes JSON, Qwen3-Coder writes XML."""
+
+    format: str = "hermes"  # registry key: hermes | qwen3_coder
+    call_policy: CallPolicy = CallPolicy.multi  # multi (MiniMind) | strict_single (ReTool)
+    max_calls_per_turn: int = 4  # more calls in one turn make the turn invalid; 1 under strict_single
+    max_tool_output_tokens: int = 512  # a longer observation keeps this many tokens, then a marker
+
+    def __post_init__(self) -> None:
+        _check(self.max_calls_per_turn > 0, "protocol.max_calls_per_turn", "must be > 0")
+        _check(
+            self.call_policy is CallPolicy.multi or self.max_calls_per_turn == 1,
+            "protocol.max_calls_per_turn",
+            f"must be 1 under call_policy=strict_single (one call per turn), got {self.max_calls_per_turn}",
+        )
+        _check(self.max_tool_output_tokens > 0, "protocol.max_tool_output_tokens", "must be > 0")
 
 
 @dataclass
@@ -215,6 +258,7 @@ class LoggerConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     loss: LossConfig = field(default_factory=LossConfig)

@@ -30,16 +30,18 @@ from minirl.data import DATASETS
 from minirl.data.task import Task
 from minirl.metrics import advantage_metrics, rollout_metrics, success_by_kind
 from minirl.models.loading import load_model, load_tokenizer, resolve_device, resolve_model_path
+from minirl.protocol.formats import CALL_FORMATS
 from minirl.rewards import check_weights, score_all
 from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import ENGINES, SamplingParams
 from minirl.rollout.trajectory import Trajectory
-from minirl.tools import TOOLS, ToolExecutor, build_tools
+from minirl.tools import TOOLS, ToolExecutor, build_tools, import_tool_modules
 from minirl.tracking import BACKENDS, Tracker
 
 
 def check_names(cfg: Config) -> None:
     """Resolve every registry name in the config; runs before any model loads."""
+    import_tool_modules(cfg.tools.imports)  # their @tool functions register before the names resolve
     for name in cfg.tools.names:
         TOOLS.get(name)
     check_weights(cfg.reward.weights)
@@ -49,6 +51,7 @@ def check_names(cfg: Config) -> None:
     ENGINES.get(cfg.rollout.engine)
     DATASETS.get(cfg.data.name)
     BACKENDS.get(cfg.logger.backend)
+    CALL_FORMATS.get(cfg.protocol.format)
 
 
 def seed_everything(seed: int) -> None:
@@ -130,19 +133,15 @@ class Trainer:
             self.policy, self.tokenizer, self.device,
             model_path=path, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
         )  # fmt: skip
-        self.executor = ToolExecutor(build_tools(cfg.tools.names), cfg.tools.timeout_s, cfg.tools.max_output_chars)
+        tools = build_tools(cfg.tools.names, cfg.tools)
+        self.executor = ToolExecutor(tools, cfg.tools.timeout_s, cfg.tools.max_output_chars)
         self.loss_fn = LOSSES.get(cfg.loss.name)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algo.adv_estimator)
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.limits = AgentLimits(
-            cfg.rollout.max_turns,
-            cfg.rollout.max_new_tokens,
-            cfg.rollout.max_total_tokens,
-            cfg.tools.max_calls_per_turn,
-        )
+        self.limits = AgentLimits(cfg.rollout.max_turns, cfg.rollout.max_new_tokens, cfg.rollout.max_total_tokens)
         self.task_rng = random.Random(cfg.trainer.seed)
         self.task_queue: list[Task] = []
 
@@ -169,7 +168,9 @@ class Trainer:
         r = self.cfg.rollout
         sampling = SamplingParams(r.max_new_tokens, temperature, r.top_p, r.top_k)
         self.policy.eval()  # no dropout while sampling
-        return run_agent(self.engine, self.tokenizer, self.executor, tasks, group_size, self.limits, sampling)
+        return run_agent(
+            self.engine, self.tokenizer, self.executor, tasks, group_size, self.limits, sampling, self.cfg.protocol
+        )
 
     def evaluate(self) -> dict[str, float]:
         trajs = self.rollout(self.heldout, 1, self.cfg.trainer.eval_temperature)

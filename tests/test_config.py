@@ -32,9 +32,8 @@ def test_defaults_list_names_every_axis():
     defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
     named = {next(iter(d)) for d in defaults if isinstance(d, dict) or OmegaConf.is_dict(d)}
     assert set(GROUPS) <= named
-    assert {"model", "tools", "reward", "rollout", "loss", "data", "trainer", "logger", "experiment", "debug"} <= set(
-        GROUPS
-    )
+    axes = {"model", "tools", "protocol", "reward", "rollout", "loss", "data", "trainer", "logger", "experiment"}
+    assert axes | {"debug"} <= set(GROUPS)
 
 
 @pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
@@ -50,6 +49,7 @@ def test_registries_and_configs_match_in_both_directions():
     from minirl.algos.advantages import ADV_ESTIMATORS
     from minirl.algos.losses import LOSSES
     from minirl.data import DATASETS
+    from minirl.protocol.formats import CALL_FORMATS
     from minirl.rewards import REWARD_TERMS
     from minirl.rollout.engine import ENGINES
     from minirl.tools import TOOLS
@@ -62,6 +62,7 @@ def test_registries_and_configs_match_in_both_directions():
     assert values("rollout", "engine") == set(ENGINES.names())
     assert values("data", "name") == set(DATASETS.names())
     assert values("logger", "backend") == set(BACKENDS.names())
+    assert values("protocol", "format") == set(CALL_FORMATS.names())
     assert {n for o in options("tools") for n in OmegaConf.load(CONF_DIR / "tools" / f"{o}.yaml").names} == set(
         TOOLS.names()
     )
@@ -83,6 +84,9 @@ def test_experiment_and_debug_presets_apply():
         ("loss.beta=-1", "loss.beta"),
         ("trainer.steps=0", "trainer.steps"),
         ("rollout.temperature=0", "rollout.temperature"),
+        ("protocol.max_calls_per_turn=0", "protocol.max_calls_per_turn"),
+        ("protocol.max_tool_output_tokens=0", "protocol.max_tool_output_tokens"),
+        ("protocol.call_policy=strict_single", "protocol.max_calls_per_turn: must be 1 under call_policy=strict"),
     ],
 )
 def test_out_of_range_values_name_the_key(override, message):
@@ -90,7 +94,9 @@ def test_out_of_range_values_name_the_key(override, message):
         compose_cfg(override)
 
 
-@pytest.mark.parametrize("override", ["rollout.max_turnz=3", "loss.beta=abc", "+trainer.stepz=1"])
+@pytest.mark.parametrize(
+    "override", ["rollout.max_turnz=3", "loss.beta=abc", "+trainer.stepz=1", "protocol.call_policy=several"]
+)
 def test_wrong_keys_and_types_fail_at_composition(override):
     with pytest.raises(Exception, match=override.split("=")[0].lstrip("+").split(".")[-1]):
         compose_cfg(override)
@@ -111,6 +117,8 @@ def test_unknown_registry_names_list_the_known_ones():
         check_names(compose_cfg("tools.names=[rm_rf]"))
     with pytest.raises(ConfigError, match="reward term"):
         check_names(compose_cfg("+reward.weights.bogus=1.0"))
+    with pytest.raises(ConfigError, match="unknown tool-call format 'json'; known: hermes, qwen3_coder"):
+        check_names(compose_cfg("protocol.format=json"))
 
 
 def test_unknown_group_option_is_one_line_with_the_options():
@@ -119,7 +127,7 @@ def test_unknown_group_option_is_one_line_with_the_options():
     check_group_choices(["loss=cispo", "-m", "loss=grpo,cispo", "rollout.max_turns=4", "experiment=null"])
 
 
-@pytest.mark.parametrize("override", ["rollout.max_turns=0", "loss=nope"])
+@pytest.mark.parametrize("override", ["rollout.max_turns=0", "loss=nope", "protocol=nope"])
 def test_cli_rejects_bad_config_with_one_line(override, tmp_path):
     cmd = [sys.executable, "-m", "minirl.train", override]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
@@ -139,4 +147,4 @@ def test_cfg_job_prints_the_composed_config(tmp_path):
     )
     assert proc.returncode == 0
     printed = OmegaConf.create(proc.stdout)
-    assert printed.loss.name == "cispo" and printed.rollout.engine == "hf"
+    assert printed.loss.name == "cispo" and printed.rollout.engine == "hf" and printed.protocol.format == "hermes"

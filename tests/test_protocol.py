@@ -4,15 +4,22 @@ tokenizer under our template and the two third-party templates."""
 from __future__ import annotations
 
 import json
+import random
+import time
 
 import pytest
 from conftest import CALC_TOOL, CONVERSATION, third_party_template
 
 from minirl.protocol.chat import TemplateError, next_prompt, render, suffix_prefix_overlap, turn_deltas
-from minirl.protocol.parsing import TurnKind, parse_turn
+from minirl.protocol.formats import CALL_FORMATS
+from minirl.protocol.observation import TRUNCATION_MARKER, tool_messages
+from minirl.protocol.parsing import CallPolicy, TurnKind, parse_turn
+from minirl.registry import ConfigError
+from minirl.tools.base import ToolResult
 
 PROMPT = CONVERSATION[:2]
 TOOL_MESSAGES = CONVERSATION[3:5]
+TOOL_RESULT_SHORT = ToolResult("call_0_1", "calculate_math", '{"result": "42"}', "ok", 0.0)
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -84,7 +91,7 @@ def test_token_in_token_out_keeps_every_sampled_token(any_template_tokenizer, en
     assert "9472" in text and "42" in text and text.count("<tool_response>") == 2
 
 
-@pytest.mark.parametrize("template", ["own", "qwen2_5.jinja"])
+@pytest.mark.parametrize("template", ["own", "qwen2_5.jinja", "qwen3_coder.jinja"])
 def test_next_prompt_equals_canonical_render_when_sampler_matches_template(tokenizer, template):
     tok = tokenizer
     chat_template = tok.chat_template if template == "own" else third_party_template(template)
@@ -107,13 +114,44 @@ HISTORY_REWRITING_TEMPLATE = (
 )
 
 
-def test_template_that_rewrites_history_raises(tokenizer):
-    original, tokenizer.chat_template = tokenizer.chat_template, HISTORY_REWRITING_TEMPLATE
+# the generation prompt opens an empty think block that a rendered assistant message does not have
+THINK_PROMPT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n\n</think>\n\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("template", "where"),
+    [(HISTORY_REWRITING_TEMPLATE, "tool messages"), (THINK_PROMPT_TEMPLATE, "assistant message")],
+)
+def test_template_that_rewrites_history_raises(tokenizer, template, where):
+    original, tokenizer.chat_template = tokenizer.chat_template, template
     try:
-        with pytest.raises(TemplateError, match="rewrites history"):
+        with pytest.raises(TemplateError, match=rf"rewrites history \({where}\)"):
             turn_deltas(tokenizer, PROMPT, None, TOOL_MESSAGES)
     finally:
         tokenizer.chat_template = original
+
+
+def test_long_observation_is_cut_to_its_token_budget(any_template_tokenizer):
+    tok, budget = any_template_tokenizer, 16
+    output = " ".join(f"row{i}={i * i}" for i in range(200))
+    total = len(encode(tok, output))
+    results = [ToolResult("call_0_0", "calculate_math", output, "ok", 0.0), TOOL_RESULT_SHORT]
+    cut, short = tool_messages(results, tok, budget)
+    assert short["content"] == TOOL_RESULT_SHORT.content  # within budget: untouched
+    marker = TRUNCATION_MARKER.format(total - budget)
+    kept = cut["content"].removesuffix(marker)
+    assert cut["content"].endswith(marker) and output.startswith(kept)
+    assert kept == tok.decode(encode(tok, output)[:budget])  # cut on a token boundary
+    # in context: the kept part and the marker, nothing of the rest, and about `budget` tokens
+    p0, sampled = render(tok, PROMPT, [CALC_TOOL], add_generation_prompt=True), encode(tok, "calling")
+    _, added = next_prompt(p0, sampled, turn_deltas(tok, PROMPT, [CALC_TOOL], [cut, short]))
+    _, empty = next_prompt(p0, sampled, turn_deltas(tok, PROMPT, [CALC_TOOL], [{**cut, "content": ""}, short]))
+    text = tok.decode(added)
+    assert kept in text and marker in text and "row199" not in text
+    assert len(added) - len(empty) <= budget + len(encode(tok, marker)) + 1
 
 
 # --- parsing -------------------------------------------------------------------------------
@@ -145,13 +183,13 @@ def test_calls_are_parsed_with_ids_and_dict_arguments():
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
-        ('<tool_call>\n{"name": "calculate_math", "arguments": {"expression": "1+1"}}', "unbalanced"),
+        ('<tool_call>\n{"name": "calculate_math", "arguments": {"expression": "1+1"}}', "is not closed"),
         ("<tool_call>\n{not json}\n</tool_call>", "not valid JSON"),
         ('<tool_call>\n["calculate_math"]\n</tool_call>', "JSON object"),
         ('<tool_call>\n{"arguments": {}}\n</tool_call>', "no string 'name'"),
         ('<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>', "must be an object"),
         ('<tool_call>\n{"name": "f", "arguments": "{oops"}\n</tool_call>', "not JSON"),
-        ("</tool_call> stray", "unbalanced"),
+        ("</tool_call> stray", "without a <tool_call>"),
     ],
 )
 def test_malformed_calls_make_the_turn_invalid(text, reason):
@@ -163,3 +201,190 @@ def test_malformed_calls_make_the_turn_invalid(text, reason):
 def test_too_many_calls_in_one_turn_is_invalid():
     parsed = parse_turn(call("f", {}) * 3, max_calls=2)
     assert parsed.kind is TurnKind.INVALID and "3 tool calls" in parsed.reason
+
+
+# --- formats and call policies ----------------------------------------------------------------
+
+CONVERT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "convert",
+        "description": "A tool with typed parameters.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "value": {"type": "number"},
+                "unit": {"type": "string"},
+                "options": {"type": "object"},
+                "tags": {"type": "array"},
+            },
+        },
+    },
+}
+TYPED_CALLS = [
+    ("calculate_math", {"expression": "256 * 37"}),
+    ("convert", {"value": 2.5, "unit": "42", "options": {"exact": True}, "tags": ["a", "b"]}),
+]
+
+
+def xml_call(name: str, arguments: dict[str, str]) -> str:
+    """One call the way the Qwen3-Coder template writes it (values already text)."""
+    params = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in arguments.items())
+    return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+WRITERS = {"hermes": call, "qwen3_coder": xml_call}
+
+
+def test_formats_registry_lists_both():
+    assert CALL_FORMATS.names() == ["hermes", "qwen3_coder"]
+    with pytest.raises(ConfigError, match="unknown tool-call format 'json'; known: hermes, qwen3_coder"):
+        parse_turn("hi", call_format="json")
+
+
+FORMAT_OF_TEMPLATE = [("qwen2_5.jinja", "hermes"), ("qwen3_coder.jinja", "qwen3_coder")]
+
+
+@pytest.mark.parametrize(("template", "call_format"), FORMAT_OF_TEMPLATE)
+def test_each_format_reads_back_what_its_template_writes(tokenizer, template, call_format):
+    chat_template, tools = third_party_template(template), [CALC_TOOL, CONVERT_TOOL]
+    tool_calls = [
+        {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+        for i, (name, arguments) in enumerate(TYPED_CALLS)
+    ]
+    assistant = {"role": "assistant", "content": "Let me check.", "tool_calls": tool_calls}
+    kwargs = {"tools": tools, "tokenize": False, "chat_template": chat_template}
+    before = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, **kwargs)
+    after = tokenizer.apply_chat_template([*PROMPT, assistant], **kwargs)
+    assert after.startswith(before)
+    text = after[len(before) :].split("<|im_end|>")[0]
+    parsed = parse_turn(text, call_format, tools=tools)
+    assert parsed.kind is TurnKind.TOOL and parsed.content == "Let me check."
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == TYPED_CALLS
+    # the other format does not read it as calls
+    other = next(name for name in CALL_FORMATS.names() if name != call_format)
+    assert parse_turn(text, other, tools=tools).kind is TurnKind.INVALID
+
+
+def test_xml_values_keep_their_text_exactly():
+    code = "def f(x):\n    return x * 2\n\nprint(f(21))\n"
+    text = "I will run it.\n" + xml_call("code_interpreter", {"code": code})
+    parsed = parse_turn(text, "qwen3_coder", CallPolicy.strict_single, call_id_prefix="call_3")
+    assert parsed.kind is TurnKind.TOOL and parsed.content == "I will run it."
+    [tool_call] = parsed.tool_calls
+    assert (tool_call.id, tool_call.name, tool_call.arguments) == ("call_3_0", "code_interpreter", {"code": code})
+    # the framing newlines are optional; inner whitespace is the value's own
+    compact = "<tool_call><function=f><parameter=city>Paris</parameter><parameter=x> a </parameter></function>"
+    assert parse_turn(compact + "</tool_call>", "qwen3_coder").tool_calls[0].arguments == {"city": "Paris", "x": " a "}
+
+
+@pytest.mark.parametrize(
+    ("param", "text", "expected"),
+    [
+        ("value", "5", 5),  # declared number: read as JSON
+        ("value", "five", "five"),  # not JSON: stays text, the tool's schema check names the problem
+        ("unit", "5", "5"),  # declared string: stays text even though it looks like a number
+        ("options", '{"exact": false}', {"exact": False}),
+        ("tags", "[1, 2]", [1, 2]),
+        ("undeclared", "5", "5"),  # no schema: text
+        ("value", "[" * 100_000, "[" * 100_000),  # nested too deeply for JSON: text, no RecursionError
+    ],
+)
+def test_xml_values_are_text_unless_the_schema_declares_another_type(param, text, expected):
+    parsed = parse_turn(xml_call("convert", {param: text}), "qwen3_coder", tools=[CONVERT_TOOL])
+    assert parsed.kind is TurnKind.TOOL
+    assert parsed.tool_calls[0].arguments == {param: expected}
+
+
+@pytest.mark.parametrize("call_format", ["hermes", "qwen3_coder"])
+def test_strict_single_policy(call_format):
+    write = WRITERS[call_format]
+    one = write("calculate_math", {"expression": "1+1"})
+    strict = {"call_format": call_format, "policy": CallPolicy.strict_single}
+
+    def reason(text: str) -> str:
+        parsed = parse_turn(text, **strict)
+        assert parsed.kind is TurnKind.INVALID and not parsed.tool_calls
+        return parsed.reason
+
+    assert parse_turn("Thinking first.\n" + one + "\n\n", **strict).kind is TurnKind.TOOL
+    assert parse_turn("The answer is 2.", **strict).kind is TurnKind.ANSWER
+    assert "2 tool calls in one turn (max 1)" in reason(one + one)
+    assert "text after </tool_call>" in reason(one + "\nThe answer is 2.")
+    assert "empty tool call" in reason("<tool_call>\n  \n</tool_call>")
+    assert "argument 'expression' of 'calculate_math' is empty" in reason(write("calculate_math", {"expression": " "}))
+    # the multi policy allows all but the empty call
+    multi = {"call_format": call_format, "policy": CallPolicy.multi, "max_calls": 2}
+    assert len(parse_turn(one + one, **multi).tool_calls) == 2
+    assert parse_turn(one + "\nThe answer is 2.", **multi).kind is TurnKind.TOOL
+    assert parse_turn(write("calculate_math", {"expression": " "}), **multi).kind is TurnKind.TOOL
+    assert parse_turn("<tool_call>\n</tool_call>", **multi).reason == "empty tool call"
+    assert "3 tool calls in one turn (max 2)" in parse_turn(one * 3, **multi).reason
+
+
+# --- hostile text -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n", "<tool_call> is not closed"),
+        ("<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</tool_call>", "not closed by </function>"),
+        ("<tool_call>\n<function=f>\n<parameter=x>\n1\n</function>\n</tool_call>", "not closed by </parameter>"),
+        ("<tool_call>\n<function=f\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>", "no valid function"),
+        ("<tool_call>\n<function=>\n</function>\n</tool_call>", "no valid function name"),
+        ("<tool_call>\n<function>f</function>\n</tool_call>", "does not start with <function="),
+        ("<tool_call>\nprint(1)\n</tool_call>", "does not start with <function="),
+        ("<tool_call>\n<function=f>\n<function=g>\n</function>\n</function>\n</tool_call>", "unexpected text"),
+        (
+            "<tool_call>\n<function=f>\n<parameter=x>\n<parameter=y>\n1\n</parameter>\n</parameter>\n</function>\n"
+            "</tool_call>",
+            "nested tool-call markup in argument 'x'",
+        ),
+        ("<tool_call>\n<tool_call>\n<function=f>\n</function>\n</tool_call>\n</tool_call>", "nested <tool_call>"),
+        ("<tool_call>\n<function=f>\n<parameter=>\n1\n</parameter>\n</function>\n</tool_call>", "no valid name"),
+        ("<tool_call>\n<function=f>\njunk\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>", "unexpected"),
+        (xml_call("f", {"x": "1"}).replace("</function>", "<parameter=x>\n2\n</parameter>\n</function>"), "twice"),
+        ("done </tool_call>", "</tool_call> without a <tool_call> before it"),
+    ],
+)
+def test_malformed_xml_calls_make_the_turn_invalid(text, reason):
+    parsed = parse_turn(text, "qwen3_coder")
+    assert parsed.kind is TurnKind.INVALID and not parsed.tool_calls
+    assert reason in parsed.reason
+
+
+@pytest.mark.parametrize("call_format", ["hermes", "qwen3_coder"])
+def test_huge_and_pathological_text_is_handled_in_linear_time(call_format):
+    started = time.perf_counter()
+    value = "x = 1\n" * 200_000  # a 1.2 MB argument still parses
+    huge = parse_turn(WRITERS[call_format]("f", {"code": value}), call_format)
+    assert huge.kind is TurnKind.TOOL and len(huge.tool_calls[0].arguments["code"]) == len(value)
+    # each of these is quadratic for a backtracking regex over the whole text
+    for text in [
+        "<tool_call>" * 50_000,
+        "<think>" * 50_000 + "answer",
+        "<tool_call><function=f>" + "<parameter=x>" * 50_000 + "</function></tool_call>",
+        "<tool_call>" + "{" * 50_000 + "</tool_call>",
+        "<tool_call>" + "[" * 100_000 + "</tool_call>",
+    ]:
+        assert parse_turn(text, call_format).kind in (TurnKind.INVALID, TurnKind.ANSWER)
+    assert time.perf_counter() - started < 5.0
+
+
+FRAGMENTS = [
+    "<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", "<think>", "</think>",
+    ">", "=", "\n", " ", "f", "code", "1", '{"name": "f"', ', "arguments": {}}', "{", "}", '"', "[", "<", "/",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("call_format", ["hermes", "qwen3_coder"])
+@pytest.mark.parametrize("policy", list(CallPolicy))
+def test_random_markup_never_raises(call_format, policy):
+    rng = random.Random(0)
+    for _ in range(2000):
+        text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(0, 30)))
+        parsed = parse_turn(text, call_format, policy, max_calls=3, tools=[CONVERT_TOOL])
+        assert (parsed.kind is TurnKind.INVALID) == bool(parsed.reason)
+        assert (parsed.kind is TurnKind.TOOL) == bool(parsed.tool_calls)
+        assert all(c.name and isinstance(c.arguments, dict) for c in parsed.tool_calls)

@@ -7,24 +7,31 @@ import json
 
 import pytest
 import torch
+from conftest import third_party_template
 
+from minirl.config import ProtocolConfig
 from minirl.data.synthetic_tools import train_heldout_split
+from minirl.data.task import Task
 from minirl.protocol.chat import render
+from minirl.protocol.parsing import CallPolicy, TurnKind
 from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import Completion, SamplingParams
 from minirl.rollout.trajectory import FinishReason
 from minirl.tools import ToolExecutor, build_tools
 from minirl.tools.minimind import MINIMIND_TOOL_NAMES
 
-SAMPLING = SamplingParams(max_new_tokens=64)
+SAMPLING = SamplingParams(max_new_tokens=256)
+HERMES = ProtocolConfig()
+QWEN3_CODER = ProtocolConfig(format="qwen3_coder", call_policy=CallPolicy.strict_single, max_calls_per_turn=1)
 
 
 class ScriptedEngine:
     """Answers turn k of every prompt with script[k]; log-probs are distinct per token so that
-    misalignment shows. `stop=False` drops the end-of-turn token, as some samplers do."""
+    misalignment shows. `stop=False` runs into the token limit instead of ending the turn;
+    `return_eos=False` ends the turn without returning the end-of-turn token, as some samplers do."""
 
-    def __init__(self, tokenizer, script: list[str], stop: bool = True) -> None:
-        self.tokenizer, self.script, self.stop = tokenizer, script, stop
+    def __init__(self, tokenizer, script: list[str], stop: bool = True, return_eos: bool = True) -> None:
+        self.tokenizer, self.script, self.stop, self.return_eos = tokenizer, script, stop, return_eos
         self.calls = 0
         self.prompts: list[list[list[int]]] = []
 
@@ -33,13 +40,14 @@ class ScriptedEngine:
         text = self.script[self.calls]
         self.calls += 1
         ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if self.stop:
+        if self.stop and self.return_eos:
             ids = ids + [self.tokenizer.eos_token_id]
+        stopped = self.stop and len(ids) <= params.max_new_tokens  # a cut turn did not end
+        ids = ids[: params.max_new_tokens]
         out = []
         for row in range(len(prompts)):
-            ids = ids[: params.max_new_tokens]
             logprobs = [-(row + 1) * 0.001 - i * 0.01 for i in range(len(ids))]
-            out.append(Completion(list(ids), logprobs, stopped=self.stop and len(ids) <= params.max_new_tokens))
+            out.append(Completion(list(ids), logprobs, stopped))
         return out
 
     def sync_weights(self, model) -> None:
@@ -61,10 +69,13 @@ def executor():
     return ToolExecutor(build_tools(MINIMIND_TOOL_NAMES), timeout_s=2.0, max_output_chars=512)
 
 
-def run(tokenizer, executor, tasks, script, group_size=2, max_turns=3, stop=True, max_total=1024):
-    engine = ScriptedEngine(tokenizer, script, stop=stop)
-    limits = AgentLimits(max_turns=max_turns, max_new_tokens=64, max_total_tokens=max_total, max_calls_per_turn=4)
-    return run_agent(engine, tokenizer, executor, tasks, group_size, limits, SAMPLING), engine
+def run(
+    tokenizer, executor, tasks, script, group_size=2, max_turns=3, stop=True, max_total=2048, protocol=HERMES,
+    return_eos=True,
+):  # fmt: skip
+    engine = ScriptedEngine(tokenizer, script, stop=stop, return_eos=return_eos)
+    limits = AgentLimits(max_turns=max_turns, max_new_tokens=SAMPLING.max_new_tokens, max_total_tokens=max_total)
+    return run_agent(engine, tokenizer, executor, tasks, group_size, limits, SAMPLING, protocol), engine
 
 
 def test_three_turns_keep_sampled_tokens_mask_and_logprobs(tokenizer, executor, tasks):
@@ -138,6 +149,96 @@ def test_unknown_tool_becomes_an_error_observation_and_the_run_goes_on(tokenizer
         assert result.status == "unknown_tool" and "launch_rockets" in result.content
 
 
+def observed_text(tokenizer, traj) -> str:
+    """Everything the framework added to the conversation (mask 0), decoded."""
+    return tokenizer.decode([tok for tok, m in zip(traj.response_ids, traj.action_mask) if not m])
+
+
+def test_sampler_that_ends_the_turn_without_returning_the_end_token(tokenizer, executor, tasks):
+    script = [weather_call("Paris"), "It is sunny."]
+    trajs, engine = run(tokenizer, executor, tasks, script, return_eos=False)
+    first = tokenizer.encode(script[0], add_special_tokens=False)
+    for t in trajs:
+        assert t.finish_reason is FinishReason.ANSWER and t.turns[0].parsed.kind is TurnKind.TOOL
+        sampled = [tok for tok, m in zip(t.response_ids, t.action_mask) if m]
+        assert sampled == first + tokenizer.encode(script[1], add_special_tokens=False)
+        # the framework closed the assistant turn itself, with mask 0
+        assert t.response_ids[len(first)] == tokenizer.eos_token_id and t.action_mask[len(first)] == 0
+        second_prompt = engine.prompts[1][trajs.index(t)]
+        assert (t.prompt_ids + t.response_ids)[: len(second_prompt)] == second_prompt
+
+
+@pytest.fixture
+def coder_tokenizer(tokenizer):
+    """The real tokenizer under the Qwen3-Coder template (XML tool calls)."""
+    original, tokenizer.chat_template = tokenizer.chat_template, third_party_template("qwen3_coder.jinja")
+    yield tokenizer
+    tokenizer.chat_template = original
+
+
+XML_CONVERT = (
+    "<tool_call>\n<function=unit_converter>\n<parameter=value>\n5\n</parameter>\n"
+    "<parameter=from_unit>\nkm\n</parameter>\n<parameter=to_unit>\nm\n</parameter>\n</function>\n</tool_call>"
+)
+
+
+def convert_task() -> Task:
+    schema = build_tools(["unit_converter"])["unit_converter"].schema()
+    return Task(id="km", messages=[{"role": "user", "content": "How many m is 5 km?"}], tools=[schema], gt=["5000"])
+
+
+def test_qwen3_coder_calls_run_end_to_end(coder_tokenizer, executor):
+    script = [XML_CONVERT, "5 km is 5000 m."]
+    trajs, engine = run(coder_tokenizer, executor, [convert_task()], script, protocol=QWEN3_CODER)
+    assert engine.calls == 2
+    for t in trajs:
+        assert t.finish_reason is FinishReason.ANSWER
+        [result] = t.turns[0].tool_results
+        assert result.status == "ok" and "5000" in result.content  # the schema's number arrived as a number
+        observed = observed_text(coder_tokenizer, t)
+        assert "<tool_response>" in observed and result.content in observed
+
+
+@pytest.mark.parametrize("turn", [XML_CONVERT * 2, XML_CONVERT + "\n5 km is 5000 m."], ids=["two_calls", "text_after"])
+def test_strict_single_policy_ends_the_trajectory_without_running_a_tool(coder_tokenizer, executor, turn):
+    trajs, engine = run(coder_tokenizer, executor, [convert_task()], [turn, "unused"], protocol=QWEN3_CODER)
+    assert engine.calls == 1
+    assert {t.finish_reason for t in trajs} == {FinishReason.INVALID}
+    assert all(not t.turns[0].tool_results for t in trajs)
+
+
+# renders what a tool message carries besides its content
+TOOL_ID_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'tool' %}[{{ m.tool_call_id }} {{ m.name }}] {% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_tool_messages_carry_the_call_id_and_tool_name(tokenizer, executor, tasks):
+    script = [weather_call("Paris") + weather_call("Tokyo"), weather_call("Oslo"), "Done."]
+    original, tokenizer.chat_template = tokenizer.chat_template, TOOL_ID_TEMPLATE
+    try:
+        [t], _ = run(tokenizer, executor, tasks[:1], script, group_size=1)
+        observed = observed_text(tokenizer, t)
+    finally:
+        tokenizer.chat_template = original
+    ids = [c.id for turn in t.turns for c in turn.parsed.tool_calls]
+    assert ids == ["call_0_0", "call_0_1", "call_1_0"]  # unique within the trajectory
+    assert [r.call_id for turn in t.turns for r in turn.tool_results] == ids
+    assert all(f"[{call_id} get_current_weather]" in observed for call_id in ids)
+
+
+def test_tool_output_enters_the_context_cut_to_its_token_budget(tokenizer, executor, tasks):
+    protocol = ProtocolConfig(max_tool_output_tokens=3)
+    trajs, _ = run(tokenizer, executor, tasks, [weather_call("Paris"), "Sunny."], protocol=protocol)
+    for t in trajs:
+        [result] = t.turns[0].tool_results
+        observed = observed_text(tokenizer, t)
+        assert "...[truncated" in observed and result.content not in observed
+        assert result.content.startswith(tokenizer.decode(tokenizer.encode(result.content)[:3]))
+
+
 def test_hf_engine_logprobs_match_the_trainer(tiny_policy):
     """Sampler log-probs (HF generate scores) and the trainer's recomputation agree to ~1e-5."""
     from minirl.rollout.hf_engine import HFEngine
@@ -146,10 +247,10 @@ def test_hf_engine_logprobs_match_the_trainer(tiny_policy):
     model, tokenizer, tasks = tiny_policy
     engine = HFEngine(model, tokenizer, torch.device("cpu"))
     executor = ToolExecutor(build_tools(MINIMIND_TOOL_NAMES), timeout_s=2.0, max_output_chars=512)
-    limits = AgentLimits(max_turns=2, max_new_tokens=24, max_total_tokens=1024, max_calls_per_turn=4)
+    limits = AgentLimits(max_turns=2, max_new_tokens=24, max_total_tokens=1024)
     for temperature in (1.0, 0.7):
         torch.manual_seed(0)
-        trajs = run_agent(engine, tokenizer, executor, tasks[:4], 2, limits, SamplingParams(24, temperature))
+        trajs = run_agent(engine, tokenizer, executor, tasks[:4], 2, limits, SamplingParams(24, temperature), HERMES)
         batch = collate(trajs, torch.zeros(len(trajs)), tokenizer.pad_token_id)
         with torch.no_grad():
             logp = token_logprobs(model, batch, temperature)

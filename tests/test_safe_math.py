@@ -70,6 +70,18 @@ def test_arithmetic(expression, value):
         ("", "not a valid arithmetic expression"),
         ("1; 2", "not a valid arithmetic expression"),
         ("1" + "+1" * 5000, "10001 characters long; the limit is 200"),
+        ("(1).__class__", "Attribute is not allowed"),
+        ("getattr(1, '__class__')", "Call is not allowed"),
+        ("f'{1}'", "JoinedStr is not allowed"),
+        ("(x := 1)", "NamedExpr is not allowed"),
+        ("1 and 2", "BoolOp is not allowed"),
+        ("(1, 2)", "Tuple is not allowed"),
+        ("...", "ellipsis literals are not allowed"),
+        ("None", "NoneType literals are not allowed"),
+        ("(x for x in (1,))", "GeneratorExp is not allowed"),
+        ("{x: 1 for x in (1,)}", "DictComp is not allowed"),
+        ("1\x00", "not a valid arithmetic expression"),
+        ("(-1) ** 10 ** 100", "exponent 100 exceeds"),
     ],
 )
 def test_rejections(expression, fragment):
@@ -93,6 +105,23 @@ def test_limits_are_configurable_and_cheap():
     with pytest.raises(MathError):
         evaluate("(10 ** 50) ** 64")
     assert time.perf_counter() - started < 0.1
+
+
+@pytest.mark.parametrize(
+    ("expression", "fragment"),
+    [
+        ("-" * 2000 + "1", "nested too deeply"),
+        ("(" * 1000 + "1" + ")" * 1000, "not a valid arithmetic expression"),
+        ("-" * 100_000 + "1", "not a valid arithmetic expression"),
+        ("1" + "+1" * 3000, "not a valid arithmetic expression"),
+    ],
+    ids=["2000 minus signs", "1000 parentheses", "100000 minus signs", "3000 additions"],
+)
+def test_deep_and_long_expressions_fail_cleanly_past_a_raised_length_limit(expression, fragment):
+    started = time.perf_counter()
+    with pytest.raises(MathError, match=fragment):
+        evaluate(expression, max_length=10**6)
+    assert time.perf_counter() - started < 0.5
 
 
 _OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv, "%": operator.mod}

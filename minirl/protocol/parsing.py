@@ -1,33 +1,39 @@
 """Parse one assistant turn into an answer, tool call(s), or an invalid turn.
 
-Hermes-style calls (MiniMind, Qwen2.5):
+Calls sit in `<tool_call>...</tool_call>` blocks whose body the configured format reads
+(`minirl.protocol.formats`: Hermes JSON or Qwen3-Coder XML). Two call policies:
 
-    <tool_call>
-    {"name": "calculate_math", "arguments": {"expression": "256 * 37"}}
-    </tool_call>
+    multi          (MiniMind)  up to `max_calls` blocks per turn; text around them is content
+    strict_single  (ReTool)    exactly one block, nothing but whitespace after it, and no empty
+                               argument value; reasoning before the call is allowed
 
-`arguments` may be a JSON object or a JSON string holding one. The parser never raises on
-model text: anything it cannot read becomes an invalid turn with a reason.
+Either way: no tool-call markup at all is an answer (whether it is a good one is the reward's
+business); unbalanced or nested tags, a body the format cannot read, or too many calls make the
+turn invalid, with a reason. The parser never raises on model text and runs in linear time.
 """
 
 from __future__ import annotations
 
-import json
-import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from minirl.protocol.formats import CALL_FORMATS
+
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
-_CALL_BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 
 class TurnKind(str, Enum):
     ANSWER = "answer"
     TOOL = "tool"
     INVALID = "invalid"
+
+
+class CallPolicy(str, Enum):
+    multi = "multi"  # MiniMind: several calls per turn, up to a maximum
+    strict_single = "strict_single"  # ReTool: one call, nothing after it, no empty argument
 
 
 @dataclass
@@ -51,53 +57,82 @@ class ParsedTurn:
     reason: str = ""  # why the turn is invalid; empty otherwise
 
 
-def _read_call(body: str, call_id: str) -> ToolCall | str:
-    """A ToolCall from one block's JSON body, or a string saying why it is malformed."""
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as err:
-        return f"tool call is not valid JSON ({err.msg})"
-    if not isinstance(obj, dict):
-        return "tool call must be a JSON object"
-    name = obj.get("name")
-    if not isinstance(name, str) or not name:
-        return "tool call has no string 'name'"
-    arguments = obj.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            return f"arguments of '{name}' are a string that is not JSON"
-    if not isinstance(arguments, dict):
-        return f"arguments of '{name}' must be an object"
-    return ToolCall(id=call_id, name=name, arguments=arguments)
+def _without_blocks(text: str, open_tag: str, close_tag: str) -> str:
+    """`text` minus every `open_tag ... close_tag` block, each closed by the nearest close tag."""
+    kept, pos = [], 0
+    while (start := text.find(open_tag, pos)) >= 0:
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:
+            break
+        kept.append(text[pos:start])
+        pos = end + len(close_tag)
+    kept.append(text[pos:])
+    return "".join(kept)
 
 
 def final_answer_text(text: str) -> str:
     """The user-visible part of an assistant turn: tool-call blocks and <think> removed."""
-    return _CALL_BLOCK.sub("", _THINK_BLOCK.sub("", text)).strip()
+    return _without_blocks(_without_blocks(text, "<think>", "</think>"), TOOL_CALL_OPEN, TOOL_CALL_CLOSE).strip()
 
 
-def parse_turn(text: str, call_id_prefix: str = "call", max_calls: int = 8) -> ParsedTurn:
-    """Classify an assistant turn (several calls per turn allowed, MiniMind policy).
+def _call_blocks(text: str) -> list[tuple[int, int]] | str:
+    """(start, end) of each block's body, or why the tags do not pair up."""
+    bodies: list[tuple[int, int]] = []
+    pos = 0
+    while True:
+        start, close = text.find(TOOL_CALL_OPEN, pos), text.find(TOOL_CALL_CLOSE, pos)
+        if start < 0 and close < 0:
+            return bodies
+        if start < 0 or 0 <= close < start:
+            return f"{TOOL_CALL_CLOSE} without a {TOOL_CALL_OPEN} before it"
+        if close < 0:
+            return f"{TOOL_CALL_OPEN} is not closed"
+        if text.find(TOOL_CALL_OPEN, start + len(TOOL_CALL_OPEN), close) >= 0:
+            return f"nested {TOOL_CALL_OPEN} tags"
+        bodies.append((start + len(TOOL_CALL_OPEN), close))
+        pos = close + len(TOOL_CALL_CLOSE)
 
-    - no tool-call markup at all          -> ANSWER
-    - balanced blocks that all parse      -> TOOL with one ToolCall per block
-    - unbalanced tags, a block that does not parse, or more than `max_calls` -> INVALID
-    """
+
+def _strict_problem(text: str, last_close: int, calls: list[ToolCall]) -> str:
+    """ReTool's rules beyond the call count; empty when the turn follows them."""
+    if text[last_close + len(TOOL_CALL_CLOSE) :].strip():
+        return f"text after {TOOL_CALL_CLOSE} (a turn either calls a tool or answers)"
+    for call in calls:
+        for key, value in call.arguments.items():
+            if isinstance(value, str) and not value.strip():
+                return f"argument '{key}' of '{call.name}' is empty"
+    return ""
+
+
+def parse_turn(
+    text: str,
+    call_format: str = "hermes",
+    policy: CallPolicy = CallPolicy.multi,
+    max_calls: int = 8,
+    call_id_prefix: str = "call",
+    tools: Sequence[dict] = (),
+) -> ParsedTurn:
+    """Classify an assistant turn. Calls get ids `{call_id_prefix}_{i}`; `tools` (the task's
+    schemas) let a format read typed values. `max_calls` applies to the multi policy; the strict
+    one allows a single call. An unknown `call_format` raises ConfigError."""
+    read_call = CALL_FORMATS.get(call_format)
     content = final_answer_text(text)
-    opens, closes = text.count(TOOL_CALL_OPEN), text.count(TOOL_CALL_CLOSE)
-    if opens == 0 and closes == 0:
+    blocks = _call_blocks(text)
+    if isinstance(blocks, str):
+        return ParsedTurn(TurnKind.INVALID, content, reason=blocks)
+    if not blocks:
         return ParsedTurn(TurnKind.ANSWER, content)
-    blocks = _CALL_BLOCK.findall(text)
-    if opens != closes or len(blocks) != opens:
-        return ParsedTurn(TurnKind.INVALID, content, reason="unbalanced <tool_call> tags")
-    if len(blocks) > max_calls:
-        return ParsedTurn(TurnKind.INVALID, content, reason=f"{len(blocks)} tool calls in one turn (max {max_calls})")
+    limit = 1 if policy is CallPolicy.strict_single else max_calls
+    if len(blocks) > limit:
+        return ParsedTurn(TurnKind.INVALID, content, reason=f"{len(blocks)} tool calls in one turn (max {limit})")
     calls: list[ToolCall] = []
-    for i, body in enumerate(blocks):
-        call = _read_call(body.strip(), f"{call_id_prefix}_{i}")
-        if isinstance(call, str):
-            return ParsedTurn(TurnKind.INVALID, content, reason=call)
-        calls.append(call)
+    for i, (start, end) in enumerate(blocks):
+        body = text[start:end].strip()
+        read = read_call(body, tools) if body else "empty tool call"
+        if isinstance(read, str):
+            return ParsedTurn(TurnKind.INVALID, content, reason=read)
+        calls.append(ToolCall(f"{call_id_prefix}_{i}", *read))
+    problem = _strict_problem(text, blocks[-1][1], calls) if policy is CallPolicy.strict_single else ""
+    if problem:
+        return ParsedTurn(TurnKind.INVALID, content, reason=problem)
     return ParsedTurn(TurnKind.TOOL, content, calls)

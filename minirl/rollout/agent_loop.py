@@ -3,15 +3,19 @@
 All live trajectories of a batch advance together, one assistant turn per engine call, until
 each one answers, produces an invalid turn, or runs out of turns or tokens. The next prompt is
 built token-in / token-out (`minirl.protocol.chat`), so every sampled token stays exactly as
-sampled and keeps its sampler log-prob.
+sampled and keeps its sampler log-prob. Every call gets an id (`call_<turn>_<i>`) that its tool
+message carries as `tool_call_id`, next to the tool's `name`; each tool result enters the context
+cut to `protocol.max_tool_output_tokens` tokens.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from minirl.config import ProtocolConfig
 from minirl.data.task import Task
 from minirl.protocol.chat import next_prompt, render, turn_deltas
+from minirl.protocol.observation import tool_messages
 from minirl.protocol.parsing import TurnKind, parse_turn
 from minirl.rollout.engine import Engine, SamplingParams
 from minirl.rollout.trajectory import FinishReason, Trajectory, Turn
@@ -23,7 +27,6 @@ class AgentLimits:
     max_turns: int
     max_new_tokens: int  # per assistant turn
     max_total_tokens: int  # prompt + everything appended to it
-    max_calls_per_turn: int
 
 
 @dataclass
@@ -55,8 +58,10 @@ def run_agent(
     group_size: int,
     limits: AgentLimits,
     sampling: SamplingParams,
+    protocol: ProtocolConfig,
 ) -> list[Trajectory]:
-    """`group_size` trajectories per task; trajectories of one task are contiguous."""
+    """`group_size` trajectories per task; trajectories of one task are contiguous. `protocol` says
+    how calls are read (format, call policy) and how many tokens of each tool result the model sees."""
     live: list[_Live] = []
     for index, task in enumerate(tasks):
         prompt = render(tokenizer, task.messages, task.tools, add_generation_prompt=True)
@@ -69,20 +74,36 @@ def run_agent(
             break
         completions = engine.generate([s.prompt for s in live], sampling)
         for state, completion in zip(live, completions):
-            _advance(state, completion, turn_index, tokenizer, executor, limits)
+            _advance(state, completion, turn_index, tokenizer, executor, limits, protocol)
     return trajectories
 
 
-def _advance(state: _Live, completion, turn_index: int, tokenizer, executor: ToolExecutor, limits: AgentLimits) -> None:
+def _advance(
+    state: _Live,
+    completion,
+    turn_index: int,
+    tokenizer,
+    executor: ToolExecutor,
+    limits: AgentLimits,
+    protocol: ProtocolConfig,
+) -> None:
     traj = state.traj
     room = limits.max_total_tokens - len(state.prompt)
     tokens, logprobs = completion.token_ids[:room], completion.logprobs[:room]
     traj.response_ids += tokens
     traj.action_mask += [1] * len(tokens)
     traj.sampler_logprobs += logprobs
-    body = tokens[:-1] if completion.stopped and len(tokens) == len(completion.token_ids) else tokens
+    # some samplers return the end-of-turn token, some stop without it; it is not part of the text
+    body = tokens[:-1] if tokens and tokens[-1] == tokenizer.eos_token_id else tokens
     text = tokenizer.decode(body, skip_special_tokens=False)
-    parsed = parse_turn(text, call_id_prefix=f"call_{turn_index}", max_calls=limits.max_calls_per_turn)
+    parsed = parse_turn(
+        text,
+        protocol.format,
+        protocol.call_policy,
+        protocol.max_calls_per_turn,
+        call_id_prefix=f"call_{turn_index}",  # ids are unique within a trajectory: call_<turn>_<i>
+        tools=traj.task.tools,
+    )
     turn = Turn(text, parsed)
     traj.turns.append(turn)
     if len(tokens) < len(completion.token_ids):
@@ -101,8 +122,8 @@ def _advance(state: _Live, completion, turn_index: int, tokenizer, executor: Too
     if turn_index + 1 >= limits.max_turns:
         traj.finish_reason = FinishReason.MAX_TURNS
         return
-    tool_messages = [r.to_message() for r in turn.tool_results]
-    deltas = turn_deltas(tokenizer, state.history, traj.task.tools, tool_messages)
+    observations = tool_messages(turn.tool_results, tokenizer, protocol.max_tool_output_tokens)
+    deltas = turn_deltas(tokenizer, state.history, traj.task.tools, observations)
     prompt, added = next_prompt(state.prompt, tokens, deltas)
     if len(prompt) >= limits.max_total_tokens:
         traj.finish_reason = FinishReason.TOKEN_BUDGET
@@ -110,5 +131,5 @@ def _advance(state: _Live, completion, turn_index: int, tokenizer, executor: Too
     traj.response_ids += added
     traj.action_mask += [0] * len(added)
     traj.sampler_logprobs += [0.0] * len(added)
-    state.history += [_assistant_message(turn), *tool_messages]
+    state.history += [_assistant_message(turn), *observations]
     state.prompt = prompt

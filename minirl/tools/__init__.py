@@ -1,7 +1,9 @@
-"""Tools the policy may call; importing this package registers MiniMind's six mock tools."""
+"""Tools the policy may call; importing this package registers MiniMind's six mock tools and the
+sandboxed `code_interpreter`, and `@tool` registers a plain function as one more."""
 
-from minirl.tools import minimind
+from minirl.tools import code_interpreter, minimind
 from minirl.tools.base import TOOLS, Tool, ToolError, ToolExecutor, ToolResult, build_tools, validate_arguments
+from minirl.tools.function_tool import import_tool_modules, tool
 from minirl.tools.minimind import MINIMIND_TOOL_NAMES
 
 __all__ = [
@@ -12,6 +14,9 @@ __all__ = [
     "ToolExecutor",
     "ToolResult",
     "build_tools",
+    "code_interpreter",
+    "import_tool_modules",
     "minimind",
+    "tool",
     "validate_arguments",
 ]

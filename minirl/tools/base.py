@@ -13,16 +13,20 @@ outcome, failures included, becomes a `ToolResult` the model reads as a tool mes
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from minirl.protocol.parsing import ToolCall
 from minirl.registry import Registry
+
+if TYPE_CHECKING:
+    from minirl.config import ToolsConfig
 
 
 class ToolError(ValueError):
@@ -51,9 +55,11 @@ class Tool:
 TOOLS: Registry[type[Tool]] = Registry("tool")
 
 
-def build_tools(names: Iterable[str]) -> dict[str, Tool]:
-    """Instances of the registered tools, by name. Unknown names raise ConfigError."""
-    return {name: TOOLS.get(name)() for name in names}
+def build_tools(names: Iterable[str], cfg: ToolsConfig | None = None) -> dict[str, Tool]:
+    """Instances of the registered tools, by name; a tool whose constructor takes `cfg` gets the
+    tools config (None: its own defaults). Unknown names raise ConfigError."""
+    classes = {name: TOOLS.get(name) for name in names}
+    return {name: cls(cfg) if "cfg" in inspect.signature(cls).parameters else cls() for name, cls in classes.items()}
 
 
 # -- argument validation ------------------------------------------------------------------------

@@ -1,0 +1,139 @@
+"""Tool-call formats: how the body of one `<tool_call>...</tool_call>` block names a tool and
+its arguments. `protocol.format` picks one by name; it must match the model's chat template.
+
+    hermes       (MiniMind, Qwen2.5)   {"name": "calculate_math", "arguments": {"expression": "2+2"}}
+    qwen3_coder  (Qwen3-Coder, ReTool) <function=code_interpreter>
+                                       <parameter=code>
+                                       print(2 + 2)
+                                       </parameter>
+                                       </function>
+
+A reader takes a block body and the task's tool schemas and returns `(name, arguments)` or a
+short reason why the body is malformed. Readers never raise on model text and run in time
+linear in its length.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from minirl.registry import Registry
+
+ReadCall = tuple[str, dict[str, Any]]  # (tool name, arguments)
+CallReader = Callable[[str, Sequence[dict]], "ReadCall | str"]
+
+CALL_FORMATS: Registry[CallReader] = Registry("tool-call format")
+
+
+def _snippet(text: str, limit: int = 40) -> str:
+    """`text` shortened for a reason string (model text can be huge)."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _load_json(text: str) -> Any:
+    """json.loads that reports deep nesting (RecursionError) like any other syntax error."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text[:40], 0) from None
+
+
+@CALL_FORMATS.register("hermes")
+def read_hermes(body: str, tools: Sequence[dict]) -> ReadCall | str:
+    """A JSON object with a string `name` and `arguments` given as an object or as a JSON string
+    holding one (missing or empty = no arguments). `tools` is not needed: JSON carries types."""
+    try:
+        obj = _load_json(body)
+    except json.JSONDecodeError as err:
+        return f"tool call is not valid JSON ({err.msg})"
+    if not isinstance(obj, dict):
+        return "tool call must be a JSON object"
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return "tool call has no string 'name'"
+    arguments = obj.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = _load_json(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            return f"arguments of '{name}' are a string that is not JSON"
+    if not isinstance(arguments, dict):
+        return f"arguments of '{name}' must be an object"
+    return name, arguments
+
+
+FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
+PARAMETER_OPEN, PARAMETER_CLOSE = "<parameter=", "</parameter>"
+_NAME = re.compile(r"[^\s<>=/]+")
+_SPACE = re.compile(r"\s*")
+
+
+def _declared_types(tools: Sequence[dict], name: str) -> dict[str, Any]:
+    """Parameter name -> its schema `type` (a string, a list of strings, or None) for tool `name`."""
+    for tool in tools:
+        function = tool.get("function", tool)
+        if function.get("name") == name:
+            properties = (function.get("parameters") or {}).get("properties") or {}
+            return {key: spec.get("type") for key, spec in properties.items() if isinstance(spec, dict)}
+    return {}
+
+
+def _typed(value: str, declared: Any) -> Any:
+    """Values are text, as ReTool reads them. The template writes a non-string value as JSON text
+    (`tojson` for objects and arrays, the plain form for numbers), and a string 5 and a number 5
+    render alike, so only a parameter the schema declares without "string" is read back as JSON,
+    when it parses; otherwise the text stays and the tool's schema check names the mismatch."""
+    types = declared if isinstance(declared, list) else [declared]
+    if declared is None or "string" in types:
+        return value
+    try:
+        return _load_json(value)
+    except json.JSONDecodeError:
+        return value
+
+
+def _unframe(value: str) -> str:
+    """Drop the one newline the template writes after `<parameter=...>` and before `</parameter>`."""
+    value = value[1:] if value.startswith("\n") else value
+    return value[:-1] if value.endswith("\n") else value
+
+
+@CALL_FORMATS.register("qwen3_coder")
+def read_qwen3_coder(body: str, tools: Sequence[dict]) -> ReadCall | str:
+    """`<function=NAME>` then `<parameter=ARG>\\nVALUE\\n</parameter>` blocks separated by
+    whitespace, then `</function>`; nothing else. A value may span lines and keeps them; nested
+    `<function=`/`<parameter=` markup, a repeated argument or stray text make the call malformed."""
+    body = body.strip()
+    if not body.startswith(FUNCTION_OPEN):
+        return f"tool call does not start with {FUNCTION_OPEN}NAME>"
+    head_end = body.find(">")
+    name = body[len(FUNCTION_OPEN) : head_end] if head_end >= 0 else ""
+    if not _NAME.fullmatch(name):
+        return f"tool call has no valid function name (got {_snippet(name)})"
+    if not body.endswith(FUNCTION_CLOSE):
+        return f"{FUNCTION_OPEN}{name}> is not closed by {FUNCTION_CLOSE}"
+    inner = body[head_end + 1 : len(body) - len(FUNCTION_CLOSE)]
+    declared = _declared_types(tools, name)
+    arguments: dict[str, Any] = {}
+    pos = _SPACE.match(inner).end()
+    while pos < len(inner):
+        if not inner.startswith(PARAMETER_OPEN, pos):
+            return f"unexpected text in {FUNCTION_OPEN}{name}>: {_snippet(inner[pos:])}"
+        arg_end = inner.find(">", pos)
+        arg = inner[pos + len(PARAMETER_OPEN) : arg_end] if arg_end >= 0 else ""
+        if not _NAME.fullmatch(arg):
+            return f"a parameter of '{name}' has no valid name (got {_snippet(arg)})"
+        value_end = inner.find(PARAMETER_CLOSE, arg_end)
+        if value_end < 0:
+            return f"{PARAMETER_OPEN}{arg}> is not closed by {PARAMETER_CLOSE}"
+        value = inner[arg_end + 1 : value_end]
+        if any(tag in value for tag in (FUNCTION_OPEN, FUNCTION_CLOSE, PARAMETER_OPEN)):
+            return f"nested tool-call markup in argument '{arg}'"
+        if arg in arguments:
+            return f"argument '{arg}' of '{name}' is given twice"
+        arguments[arg] = _typed(_unframe(value), declared.get(arg))
+        pos = _SPACE.match(inner, value_end + len(PARAMETER_CLOSE)).end()
+    return name, arguments

@@ -1,0 +1,164 @@
+"""Run untrusted Python code in a fresh, contained interpreter process (Linux).
+
+    run = run_python("print(6 * 7)", limits, timeout_s=5.0)
+    run.output, run.exit_code  # ('42\\n', 0)
+
+Every run gets a new temporary directory, removed afterwards: `work/` (the working directory and
+HOME, holding the code as `main.py`) and the two files that capture stdout and stderr. The
+interpreter is `sys.executable -B -s -S` (no site-packages: the standard library only), started
+in a new session with an environment built from scratch, no stdin and no inherited descriptors.
+Containment, from the kernel inwards:
+
+- namespaces, when this machine allows them unprivileged (`unshare --user --net --pid
+  --mount-proc`, probed once): no network but a loopback that is down, no other process visible
+  or reachable by pid, and when the run ends the kernel kills everything it started;
+- resource limits the interpreter sets on itself before the code runs (`sandbox_child.py`): CPU
+  seconds, address space, file size (stdout and stderr are files, so this bounds them on disk),
+  open files, processes, no core dumps;
+- a wall-clock deadline, after which the whole process group gets SIGKILL;
+- an audit hook in the interpreter (`sandbox_child.py`) that refuses process creation, signals,
+  sockets, ctypes and changes outside the working directory.
+
+At most `4 * max_output_chars` bytes of each stream are ever read back into this process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from minirl.tools.sandbox_child import SCRIPT
+
+if TYPE_CHECKING:
+    from minirl.config import SandboxConfig
+
+CHILD = Path(__file__).with_name("sandbox_child.py")
+_NAMESPACES = ("--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount-proc")
+_CUT_MARKER = "\n...[{stream} cut: {size} bytes in all]...\n"
+
+
+@dataclass
+class SandboxRun:
+    """How one run ended, and what it printed."""
+
+    output: str  # stdout then stderr, each cut with a marker when too long
+    exit_code: int  # 0: finished; 1: uncaught exception; 128 + N: killed by signal N
+    stderr_bytes: int
+    timed_out: bool  # killed at the wall-clock deadline
+
+    @property
+    def killed_by(self) -> int | None:
+        """The signal that killed the interpreter (exit codes above 128 read as the shell reads them)."""
+        return self.exit_code - 128 if self.exit_code > 128 else None
+
+
+@functools.cache
+def namespace_prefix() -> tuple[str, ...]:
+    """`unshare` with the run's namespaces when it works here without privileges, else nothing."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return ()
+    command = (unshare, *_NAMESPACES)
+    try:
+        probe = subprocess.run([*command, sys.executable, "-S", "-c", ""], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return command if probe.returncode == 0 else ()
+
+
+def _environment(home: str) -> dict[str, str]:
+    """Built from scratch: nothing of this process's environment (tokens, keys, paths) reaches the code."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": home,
+        "TMPDIR": home,
+        "PYTHONHASHSEED": "0",  # the same code prints sets and dicts in the same order
+        "PYTHONUNBUFFERED": "1",  # what was printed before a kill is on disk
+        "PYTHONIOENCODING": "utf-8:backslashreplace",
+    }
+
+
+def _command(limits: SandboxConfig, timeout_s: float) -> list[str]:
+    mb = 1 << 20
+    rlimits = (limits.cpu_s, limits.memory_mb * mb, limits.file_mb * mb, limits.open_files, limits.processes)
+    arguments = (*rlimits, math.ceil(timeout_s))
+    return [*namespace_prefix(), sys.executable, "-B", "-s", "-S", str(CHILD), *map(str, arguments)]
+
+
+def _wait_then_kill(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Whether the run ended within `timeout_s`. Either way its process group is killed (whatever it
+    left behind included) while the leader is still unreaped, so the group id cannot have been reused."""
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)  # readable once the process exits
+        finished = bool(poller.poll(math.ceil(max(0.0, timeout_s) * 1000)))
+    finally:
+        os.close(pidfd)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return finished
+
+
+def _read_capped(path: Path, max_chars: int, keep_end: bool) -> str:
+    """The file as text, cut to `max_chars` characters (marker included) keeping its start or its end."""
+    size = path.stat().st_size
+    window = 4 * max_chars  # a UTF-8 character is at most 4 bytes
+    with path.open("rb") as f:
+        if keep_end:
+            f.seek(max(0, size - window))
+        text = f.read(window).decode("utf-8", errors="replace")
+    if size <= window and len(text) <= max_chars:
+        return text
+    marker = _CUT_MARKER.format(stream=path.name, size=size)
+    keep = max(0, max_chars - len(marker))
+    return marker + text[len(text) - keep :] if keep_end else text[:keep] + marker
+
+
+def _captured(stdout: Path, stderr: Path, max_chars: int) -> str:
+    """stdout then stderr in `max_chars` characters. stderr keeps its end, where a traceback says what
+    went wrong, in the room stdout leaves or at least half of it; stdout keeps its start."""
+    err_room = max(max_chars // 2, max_chars - stdout.stat().st_size)
+    err_text = _read_capped(stderr, err_room, keep_end=True)
+    return _read_capped(stdout, max_chars - len(err_text), keep_end=False) + err_text
+
+
+def run_python(code: str, limits: SandboxConfig, timeout_s: float) -> SandboxRun:
+    """Run `code` as `main.py` in a fresh contained interpreter, killed after `timeout_s` seconds."""
+    root = Path(tempfile.mkdtemp(prefix="minirl-sandbox-"))
+    try:
+        work, stdout, stderr = root / "work", root / "stdout", root / "stderr"
+        work.mkdir()
+        (work / SCRIPT).write_text(code, encoding="utf-8", errors="replace")
+        with stdout.open("wb") as out, stderr.open("wb") as err:
+            proc = subprocess.Popen(
+                _command(limits, timeout_s),
+                cwd=work,
+                env=_environment(str(work)),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+        timed_out = not _wait_then_kill(proc, timeout_s)
+        return SandboxRun(
+            output=_captured(stdout, stderr, limits.max_output_chars),
+            exit_code=128 - proc.returncode if proc.returncode < 0 else proc.returncode,
+            stderr_bytes=stderr.stat().st_size,
+            timed_out=timed_out,
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
