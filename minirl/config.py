@@ -70,6 +70,9 @@ class ModelConfig:
 class SFTConfig:
     """Warm start on full synthetic tool trajectories (loss on assistant tokens only)."""
 
+    # registry key (WARM_START_CORPORA): synthetic_tools | synthetic_math; the embedded model's
+    # tokenizer and SFT data come from it
+    corpus: str = "synthetic_tools"
     rows: int = 3000
     epochs: int = 5
     batch_size: int = 16
@@ -125,6 +128,8 @@ class RewardConfig:
     # weight of each registered reward term; every term is logged, weight 0 included
     weights: Dict[str, float] = field(default_factory=dict)
     clip: float = 3.0  # the weighted sum is clipped to [-clip, clip]
+    # registry key: gt_in_answer | boxed_answer; when a trajectory counts as solved (success-rate metrics)
+    success: str = "gt_in_answer"
 
     def __post_init__(self) -> None:
         _check(self.clip > 0, "reward.clip", "must be > 0")
@@ -157,6 +162,7 @@ class RolloutConfig:
     max_turns: int = 3  # assistant turns per trajectory
     max_new_tokens: int = 96  # per assistant turn
     max_total_tokens: int = 1024  # prompt + whole conversation
+    max_tool_calls: int = 8  # per trajectory; calls past it are not run (an "over_budget" observation)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
@@ -166,6 +172,7 @@ class RolloutConfig:
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1")
         _check(self.max_turns >= 1, "rollout.max_turns", f"must be >= 1, got {self.max_turns}")
         _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+        _check(self.max_tool_calls >= 1, "rollout.max_tool_calls", "must be >= 1")
         _check(self.max_total_tokens > self.max_new_tokens, "rollout.max_total_tokens", "must exceed max_new_tokens")
         _check(self.temperature > 0, "rollout.temperature", "must be > 0 (sampling is required for RL)")
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")

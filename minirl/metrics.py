@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import typing
 from collections import Counter
 from statistics import fmean, pstdev
 
 import torch
 
-from minirl.rewards import is_success
+from minirl.rewards import SuccessCriterion
 from minirl.rollout.trajectory import FinishReason, Trajectory
+from minirl.tools.base import ToolStatus
 
 
-def rollout_metrics(trajs: list[Trajectory], prefix: str = "") -> dict[str, float]:
-    """Rewards, every reward term, lengths, turns, tool use and why trajectories ended."""
+def rollout_metrics(trajs: list[Trajectory], solved: SuccessCriterion, prefix: str = "") -> dict[str, float]:
+    """Rewards, every reward term, lengths, turns, success (`solved`: reward.success), tool use (calls
+    per trajectory, share of trajectories that called, validity, latency, share of each call status)
+    and why trajectories ended. Everything is over this batch only, never cumulative."""
     rewards = [t.reward for t in trajs]
     sampled = [sum(t.action_mask) for t in trajs]
     calls = [r for t in trajs for turn in t.turns for r in turn.tool_results]
@@ -22,11 +26,16 @@ def rollout_metrics(trajs: list[Trajectory], prefix: str = "") -> dict[str, floa
         "rollout/response_tokens_mean": fmean(sampled),
         "rollout/response_tokens_max": float(max(sampled)),
         "rollout/turns": fmean(len(t.turns) for t in trajs),
-        "rollout/success_rate": fmean(float(is_success(t)) for t in trajs),
+        "rollout/success_rate": fmean(float(solved(t)) for t in trajs),
         "tools/calls_per_traj": fmean(t.num_tool_calls for t in trajs),
+        "tools/used_frac": fmean(t.num_tool_calls > 0 for t in trajs),
         "tools/valid_frac": fmean(r.valid_call for r in calls) if calls else 0.0,
-        "tools/ok_frac": fmean(r.status == "ok" for r in calls) if calls else 0.0,
+        "tools/latency_mean_s": fmean(r.latency_s for r in calls) if calls else 0.0,
+        "tools/latency_max_s": max((r.latency_s for r in calls), default=0.0),
     }
+    statuses = Counter(r.status for r in calls)
+    for status in typing.get_args(ToolStatus):  # shares of this step's calls: ok, error, timeout, ...
+        out[f"tools/{status}_frac"] = statuses[status] / len(calls) if calls else 0.0
     for name in trajs[0].reward_terms:
         out[f"reward/{name}"] = fmean(t.reward_terms[name] for t in trajs)
     ended = Counter(t.finish_reason for t in trajs)
@@ -35,12 +44,11 @@ def rollout_metrics(trajs: list[Trajectory], prefix: str = "") -> dict[str, floa
     return {prefix + k: v for k, v in out.items()}
 
 
-def success_by_kind(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
+def success_by_kind(trajs: list[Trajectory], solved: SuccessCriterion, prefix: str) -> dict[str, float]:
     """Success rate per task kind (e.g. single / double / no_tool), to see where a gain comes from."""
     kinds = sorted({t.task.kind for t in trajs if t.task.kind})
     return {
-        f"{prefix}success_rate/{kind}": fmean(float(is_success(t)) for t in trajs if t.task.kind == kind)
-        for kind in kinds
+        f"{prefix}success_rate/{kind}": fmean(float(solved(t)) for t in trajs if t.task.kind == kind) for kind in kinds
     }
 
 

@@ -123,14 +123,13 @@ def train_sft(
 
 
 def sft_examples(tokenizer, cfg: Config) -> list[SFTExample]:
-    """Synthetic warm-start conversations, never sharing a prompt with the held-out tasks."""
-    from minirl.data import DATASETS
-    from minirl.data.synthetic_tools import sft_rows
+    """Warm-start conversations from `sft.corpus`, never sharing a prompt with the held-out tasks."""
+    from minirl.data import DATASETS, WARM_START_CORPORA
     from minirl.data.task import task_from_row
 
     _, heldout = DATASETS.get(cfg.data.name)(cfg.data)
     exclude = {t.messages[-1]["content"] for t in heldout}
-    rows = sft_rows(cfg.sft.rows, seed=cfg.sft.seed, exclude_prompts=exclude)
+    rows = WARM_START_CORPORA.get(cfg.sft.corpus).sft_rows(cfg.sft.rows, cfg.sft.seed, exclude)
     tasks = [task_from_row(row, f"sft[{i}]") for i, row in enumerate(rows)]
     examples = [tokenize_conversation(tokenizer, t.conversation, t.tools) for t in tasks]
     return [e for e in examples if len(e.input_ids) <= cfg.sft.max_length]
@@ -149,7 +148,7 @@ def _run_sft(cfg: Config, console) -> None:
     device = resolve_device(cfg.trainer.device)
     model, tokenizer = load_model_and_tokenizer(cfg, console, device, warm_start=False)
     examples = sft_examples(tokenizer, cfg)
-    console.print(f"SFT on {len(examples)} synthetic tool conversations, {cfg.sft.epochs} epochs")
+    console.print(f"SFT on {len(examples)} {cfg.sft.corpus} conversations, {cfg.sft.epochs} epochs")
     loss = train_sft(model, tokenizer, examples, cfg.sft, device)
     out = Path(cfg.output_dir) / "checkpoint"
     model.save_pretrained(out)

@@ -26,12 +26,12 @@ from minirl.algos.advantages import ADV_ESTIMATORS
 from minirl.algos.kl import KL_ESTIMATORS
 from minirl.algos.losses import LOSSES, micro_batch_share
 from minirl.config import Config, LRSchedule
-from minirl.data import DATASETS
+from minirl.data import DATASETS, WARM_START_CORPORA
 from minirl.data.task import Task
 from minirl.metrics import advantage_metrics, rollout_metrics, success_by_kind
 from minirl.models.loading import load_model, load_tokenizer, resolve_device, resolve_model_path
 from minirl.protocol.formats import CALL_FORMATS
-from minirl.rewards import check_weights, score_all
+from minirl.rewards import SUCCESS_CRITERIA, check_weights, score_all
 from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import ENGINES, SamplingParams
 from minirl.rollout.trajectory import Trajectory
@@ -45,11 +45,13 @@ def check_names(cfg: Config) -> None:
     for name in cfg.tools.names:
         TOOLS.get(name)
     check_weights(cfg.reward.weights)
+    SUCCESS_CRITERIA.get(cfg.reward.success)
     LOSSES.get(cfg.loss.name)
     KL_ESTIMATORS.get(cfg.loss.kl_estimator)
     ADV_ESTIMATORS.get(cfg.algo.adv_estimator)
     ENGINES.get(cfg.rollout.engine)
     DATASETS.get(cfg.data.name)
+    WARM_START_CORPORA.get(cfg.sft.corpus)
     BACKENDS.get(cfg.logger.backend)
     CALL_FORMATS.get(cfg.protocol.format)
 
@@ -137,11 +139,13 @@ class Trainer:
         self.executor = ToolExecutor(tools, cfg.tools.timeout_s, cfg.tools.max_output_chars)
         self.loss_fn = LOSSES.get(cfg.loss.name)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algo.adv_estimator)
+        self.solved = SUCCESS_CRITERIA.get(cfg.reward.success)  # what the success-rate metrics count
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.limits = AgentLimits(cfg.rollout.max_turns, cfg.rollout.max_new_tokens, cfg.rollout.max_total_tokens)
+        r = cfg.rollout
+        self.limits = AgentLimits(r.max_turns, r.max_new_tokens, r.max_total_tokens, r.max_tool_calls)
         self.task_rng = random.Random(cfg.trainer.seed)
         self.task_queue: list[Task] = []
 
@@ -175,7 +179,10 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         trajs = self.rollout(self.heldout, 1, self.cfg.trainer.eval_temperature)
         score_all(trajs, self.cfg.reward)
-        metrics = {**rollout_metrics(trajs, prefix="eval/"), **success_by_kind(trajs, prefix="eval/")}
+        metrics = {
+            **rollout_metrics(trajs, self.solved, prefix="eval/"),
+            **success_by_kind(trajs, self.solved, prefix="eval/"),
+        }
         metrics["eval/success_rate"] = metrics.pop("eval/rollout/success_rate")
         return metrics
 
@@ -227,7 +234,7 @@ class Trainer:
             self.engine.sync_weights(self.policy)  # the next rollout samples from the new weights
             t2 = time.perf_counter()
             metrics = {
-                **rollout_metrics(trajs), **advantage_metrics(advantages), **update,
+                **rollout_metrics(trajs, self.solved), **advantage_metrics(advantages), **update,
                 "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/step_s": t2 - t0,
             }  # fmt: skip
             tracker.log(step, metrics)  # log

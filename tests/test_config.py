@@ -48,9 +48,9 @@ def test_every_option_composes_and_resolves_its_registry_names(group, option):
 def test_registries_and_configs_match_in_both_directions():
     from minirl.algos.advantages import ADV_ESTIMATORS
     from minirl.algos.losses import LOSSES
-    from minirl.data import DATASETS
+    from minirl.data import DATASETS, WARM_START_CORPORA
     from minirl.protocol.formats import CALL_FORMATS
-    from minirl.rewards import REWARD_TERMS
+    from minirl.rewards import REWARD_TERMS, SUCCESS_CRITERIA
     from minirl.rollout.engine import ENGINES
     from minirl.tools import TOOLS
     from minirl.tracking import BACKENDS
@@ -61,12 +61,15 @@ def test_registries_and_configs_match_in_both_directions():
     assert values("loss", "name") == set(LOSSES.names())
     assert values("rollout", "engine") == set(ENGINES.names())
     assert values("data", "name") == set(DATASETS.names())
+    assert set(WARM_START_CORPORA.names()) <= set(DATASETS.names())  # sft.corpus=X pairs with data=X
     assert values("logger", "backend") == set(BACKENDS.names())
     assert values("protocol", "format") == set(CALL_FORMATS.names())
     assert {n for o in options("tools") for n in OmegaConf.load(CONF_DIR / "tools" / f"{o}.yaml").names} == set(
         TOOLS.names()
     )
-    assert set(OmegaConf.load(CONF_DIR / "reward" / "minimind.yaml").weights) == set(REWARD_TERMS.names())
+    for option in options("reward"):  # every preset weighs every term, 0 included, so none is forgotten
+        assert set(OmegaConf.load(CONF_DIR / "reward" / f"{option}.yaml").weights) == set(REWARD_TERMS.names())
+    assert values("reward", "success") == set(SUCCESS_CRITERIA.names())
     assert {OmegaConf.load(CONF_DIR / "config.yaml").algo.adv_estimator} == set(ADV_ESTIMATORS.names())
 
 
@@ -117,8 +120,12 @@ def test_unknown_registry_names_list_the_known_ones():
         check_names(compose_cfg("tools.names=[rm_rf]"))
     with pytest.raises(ConfigError, match="reward term"):
         check_names(compose_cfg("+reward.weights.bogus=1.0"))
+    with pytest.raises(ConfigError, match="unknown success criterion 'boxed'; known: boxed_answer, gt_in_answer"):
+        check_names(compose_cfg("reward.success=boxed"))
     with pytest.raises(ConfigError, match="unknown tool-call format 'json'; known: hermes, qwen3_coder"):
         check_names(compose_cfg("protocol.format=json"))
+    with pytest.raises(ConfigError, match="unknown sft.corpus 'nope'; known: synthetic_math, synthetic_tools"):
+        check_names(compose_cfg("sft.corpus=nope"))
 
 
 def test_unknown_group_option_is_one_line_with_the_options():

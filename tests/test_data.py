@@ -3,9 +3,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from minirl.data import DATASETS, DataError, Task, load_jsonl
+from minirl.config import Config, SFTConfig
+from minirl.data import DATASETS, WARM_START_CORPORA, DataError, Task, load_jsonl
+from minirl.data.generation import prompt_text
 from minirl.data.jsonl import write_jsonl
-from minirl.data.synthetic_tools import _generate, prompt_text, rl_rows, sft_rows, train_heldout_split
+from minirl.data.synthetic_tools import GENERATOR, rl_rows, sft_rows, train_heldout_split
 from minirl.data.task import task_from_row
 from minirl.protocol.parsing import ToolCall
 from minirl.registry import ConfigError
@@ -116,7 +118,7 @@ def test_double_calls_share_one_assistant_turn(rl_tasks):
 
 def test_a_too_small_prompt_space_fails_clearly():
     with pytest.raises(DataError, match="distinct synthetic prompts"):
-        _generate(500, 0, set(), {"no_tool": 1.0}, with_extra=False, unique=True)
+        GENERATOR.generate(500, 0, set(), {"no_tool": 1.0}, with_extra=False, unique=True)
 
 
 # -- task rows ----------------------------------------------------------------------------------
@@ -260,3 +262,14 @@ def test_jsonl_dataset_loader(tmp_path):
         DATASETS.get("jsonl")(config())
     with pytest.raises(ConfigError, match="heldout_size"):
         DATASETS.get("jsonl")(config(path=str(path), heldout_size=20))
+
+
+def test_each_warm_start_corpus_has_its_own_model_cache_key():
+    from minirl.models.bootstrap import cache_key
+
+    assert WARM_START_CORPORA.names() == ["synthetic_math", "synthetic_tools"]
+    assert Config().sft.corpus == "synthetic_tools"
+    keys = {cache_key(Config(sft=SFTConfig(corpus=name))) for name in WARM_START_CORPORA}
+    assert len(keys) == len(WARM_START_CORPORA.names())
+    with pytest.raises(ConfigError, match="unknown sft.corpus 'nope'; known: synthetic_math, synthetic_tools"):
+        WARM_START_CORPORA.get("nope")

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from minirl.data.task import Task
 from minirl.protocol.parsing import parse_turn
 from minirl.registry import ConfigError
-from minirl.rewards import REWARD_TERMS, check_weights, contains_value, gt_hits, is_success, score, score_all
+from minirl.rewards import REWARD_TERMS, check_weights, contains_value, gt_hits, score, score_all
 from minirl.rewards import terms as T
+from minirl.rewards.success import gt_in_answer
 from minirl.rollout.trajectory import FinishReason, Trajectory, Turn
 from minirl.tools.base import ToolResult
 
@@ -28,6 +29,7 @@ WEIGHTS = {
     "answer_length": 0.5,
     "think_length": 1.0,
     "think_count": 0.25,
+    "boxed_answer": 0.0,
 }
 CFG = SimpleNamespace(weights=WEIGHTS, clip=3.0)
 
@@ -133,11 +135,11 @@ def test_contains_value_never_matches_a_glued_number(n, before, after):
 
 def test_gt_hits_and_success():
     assert gt_hits("Paris is 23°C", ["23", "paris", "123"]) == [True, True, False]
-    assert is_success(correct())
-    assert not is_success(traj([turn("It is 123°C.")], FinishReason.ANSWER))
-    assert not is_success(traj([turn(WEATHER, result())], FinishReason.MAX_TURNS))
-    assert is_success(traj([turn("Hello there!")], FinishReason.ANSWER, gt=()))
-    assert not is_success(traj([turn("<tool_call>{")], FinishReason.INVALID, gt=()))
+    assert gt_in_answer(correct())
+    assert not gt_in_answer(traj([turn("It is 123°C.")], FinishReason.ANSWER))
+    assert not gt_in_answer(traj([turn(WEATHER, result())], FinishReason.MAX_TURNS))
+    assert gt_in_answer(traj([turn("Hello there!")], FinishReason.ANSWER, gt=()))
+    assert not gt_in_answer(traj([turn("<tool_call>{")], FinishReason.INVALID, gt=()))
 
 
 # -- terms -------------------------------------------------------------------------------------
@@ -307,7 +309,7 @@ def test_score_is_the_clipped_weighted_sum_with_every_term_logged():
 
 
 def test_unknown_or_bad_weight_is_a_config_error():
-    with pytest.raises(ConfigError, match="unknown reward term 'gt_hits'; known: answer_length, gt_hit"):
+    with pytest.raises(ConfigError, match="unknown reward term 'gt_hits'; known: answer_length, boxed_answer, gt_hit"):
         check_weights({"gt_hits": 1.0})
     with pytest.raises(ConfigError, match="unknown reward term"):
         score(correct(), SimpleNamespace(weights={"nope": 1.0}, clip=3.0))

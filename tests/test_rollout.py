@@ -71,11 +71,33 @@ def executor():
 
 def run(
     tokenizer, executor, tasks, script, group_size=2, max_turns=3, stop=True, max_total=2048, protocol=HERMES,
-    return_eos=True,
+    return_eos=True, max_calls=8,
 ):  # fmt: skip
     engine = ScriptedEngine(tokenizer, script, stop=stop, return_eos=return_eos)
-    limits = AgentLimits(max_turns=max_turns, max_new_tokens=SAMPLING.max_new_tokens, max_total_tokens=max_total)
+    limits = AgentLimits(
+        max_turns=max_turns,
+        max_new_tokens=SAMPLING.max_new_tokens,
+        max_total_tokens=max_total,
+        max_tool_calls=max_calls,
+    )
     return run_agent(engine, tokenizer, executor, tasks, group_size, limits, SAMPLING, protocol), engine
+
+
+def test_calls_past_the_trajectory_budget_are_not_run_and_the_model_is_told(tokenizer, executor, tasks):
+    two_calls = weather_call("Paris") + weather_call("Oslo")
+    script = [two_calls, weather_call("Tokyo"), "It is sunny."]
+    trajs, _ = run(tokenizer, executor, tasks, script, max_calls=3)
+    for t in trajs:
+        assert t.finish_reason is FinishReason.ANSWER
+        statuses = [r.status for turn in t.turns for r in turn.tool_results]
+        assert len(statuses) == 3 and "over_budget" not in statuses
+    trajs, _ = run(tokenizer, executor, tasks, script, max_calls=1)
+    for t in trajs:
+        first, second = (turn.tool_results for turn in t.turns[:2])
+        assert [r.status == "over_budget" for r in first] == [False, True]
+        assert [r.status for r in second] == ["over_budget"]
+        assert "budget" in second[0].content and "Tokyo" not in second[0].content
+        assert t.finish_reason is FinishReason.ANSWER  # the conversation goes on; the model can answer
 
 
 def test_three_turns_keep_sampled_tokens_mask_and_logprobs(tokenizer, executor, tasks):
@@ -247,7 +269,7 @@ def test_hf_engine_logprobs_match_the_trainer(tiny_policy):
     model, tokenizer, tasks = tiny_policy
     engine = HFEngine(model, tokenizer, torch.device("cpu"))
     executor = ToolExecutor(build_tools(MINIMIND_TOOL_NAMES), timeout_s=2.0, max_output_chars=512)
-    limits = AgentLimits(max_turns=2, max_new_tokens=24, max_total_tokens=1024)
+    limits = AgentLimits(max_turns=2, max_new_tokens=24, max_total_tokens=1024, max_tool_calls=8)
     for temperature in (1.0, 0.7):
         torch.manual_seed(0)
         trajs = run_agent(engine, tokenizer, executor, tasks[:4], 2, limits, SamplingParams(24, temperature), HERMES)

@@ -1,12 +1,13 @@
 import operator
 import re
 import time
+from fractions import Fraction
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minirl.tools.safe_math import MathError, evaluate, format_number
+from minirl.tools.safe_math import MathError, evaluate, evaluate_exact, format_number
 
 
 @pytest.mark.parametrize(
@@ -150,3 +151,44 @@ def test_integer_arithmetic_matches_python(a, b, op):
 )
 def test_format_number(value, text):
     assert format_number(value) == text
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("0.1 + 0.2", Fraction(3, 10)),
+        ("1 / 3", Fraction(1, 3)),
+        ("(7 // 2) / (5 // 2)", Fraction(3, 2)),
+        ("2 ** -3", Fraction(1, 8)),
+        ("0.5 ** 2", Fraction(1, 4)),
+        ("1e3", Fraction(1000)),
+        (".5", Fraction(1, 2)),
+        ("0.10000000000000000001", Fraction(10**19 + 1, 10**20)),  # not the float 0.1
+        ("-7 % 3", Fraction(2)),
+    ],
+)
+def test_exact_arithmetic(expression, value):
+    result = evaluate_exact(expression)
+    assert type(result) is Fraction and result == value
+
+
+@pytest.mark.parametrize(
+    ("expression", "fragment"),
+    [
+        ("2 ** 0.5", "exponent 1/2 is not an integer"),
+        ("2 ** 65", "exponent 65 exceeds the limit of 64"),
+        ("10 ** 60 * 10 ** 60", "more than 100 digits"),
+        ("1 / 10 ** 60 / 10 ** 60", "denominator has more than 100 digits"),
+        ("1e999999999", "more than 100 digits"),
+        ("1e-999999999", "more than 100 digits"),
+        ("0 ** -1", "division by zero"),
+        ("1 / 0", "division by zero"),
+        ("x + 1", "Name is not allowed"),
+        ("9 ** 9 ** 9 ** 9", "exponent 387420489 exceeds"),
+    ],
+)
+def test_exact_rejections(expression, fragment):
+    started = time.perf_counter()
+    with pytest.raises(MathError, match=re.escape(fragment)):
+        evaluate_exact(expression)
+    assert time.perf_counter() - started < 0.5

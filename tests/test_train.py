@@ -73,3 +73,16 @@ def test_multirun_sweeps_two_losses(cache_dir, tmp_path):
     assert len(runs) == 2
     for run in runs:
         assert any("eval/success_rate" in r and r["step"] == 1 for r in read_metrics(run))
+
+
+def test_retool_recipe_runs_end_to_end_with_the_sandbox(cache_dir, tmp_path):
+    cfg = debug_config(cache_dir, tmp_path, "experiment=retool", "rollout.max_new_tokens=48")
+    assert cfg.tools.names == ["code_interpreter"] and cfg.reward.success == "boxed_answer"
+    train(cfg)
+    steps = [r for r in read_metrics(tmp_path) if "reward/mean" in r and "eval/success_rate" not in r]
+    assert len(steps) == 2
+    for row in steps:
+        assert -1.0 <= row["reward/mean"] <= 1.0  # ReTool's reward is exactly +-1 per trajectory
+        shares = [row[f"tools/{s}_frac"] for s in ("ok", "error", "timeout", "bad_arguments", "unknown_tool")]
+        assert row["tools/calls_per_traj"] == 0 or sum(shares) + row["tools/over_budget_frac"] == pytest.approx(1.0)
+        assert 0.0 <= row["tools/used_frac"] <= 1.0 and row["tools/latency_max_s"] >= 0.0

@@ -3,16 +3,18 @@
     @DATASETS.register("my_dataset")
     def my_dataset(cfg: DatasetConfig) -> tuple[list[Task], list[Task]]: ...
 
-then `data.name=my_dataset`.
+then `data.name=my_dataset`. `WARM_START_CORPORA` names the conversations the embedded tiny
+model's tokenizer and SFT warm start learn from (`sft.corpus=synthetic_math`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Protocol
 
+from minirl.data import synthetic_math, synthetic_tools
 from minirl.data.jsonl import load_jsonl
-from minirl.data.synthetic_tools import train_heldout_split
 from minirl.data.task import DataError, Task
 from minirl.registry import ConfigError, Registry
 
@@ -34,7 +36,13 @@ DATASETS: Registry[DatasetLoader] = Registry("dataset")
 @DATASETS.register("synthetic_tools")
 def synthetic_tools_dataset(cfg: DatasetConfig) -> tuple[list[Task], list[Task]]:
     """Generated tool tasks; train and held-out never share a prompt."""
-    return train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed)
+    return synthetic_tools.GENERATOR.train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed)
+
+
+@DATASETS.register("synthetic_math")
+def synthetic_math_dataset(cfg: DatasetConfig) -> tuple[list[Task], list[Task]]:
+    """Generated math tasks for the code interpreter; train and held-out never share a prompt."""
+    return synthetic_math.GENERATOR.train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed)
 
 
 @DATASETS.register("jsonl")
@@ -53,4 +61,43 @@ def jsonl_dataset(cfg: DatasetConfig) -> tuple[list[Task], list[Task]]:
     return tasks[: -cfg.heldout_size], tasks[-cfg.heldout_size :]
 
 
-__all__ = ["DATASETS", "DataError", "DatasetConfig", "DatasetLoader", "Task", "load_jsonl"]
+@dataclass(frozen=True)
+class WarmStartCorpus:
+    """Conversations with full references that the embedded model's tokenizer and warm start learn from."""
+
+    sft_rows: Callable[[int, int, Collection[str]], list[dict]]  # (n, seed, exclude_prompts) -> rows
+    sources: tuple[tuple[str, str], ...]  # (package, file) whose source decides the rows: part of the model's cache key
+
+
+WARM_START_CORPORA: Registry[WarmStartCorpus] = Registry("sft.corpus")
+WARM_START_CORPORA.register("synthetic_tools")(
+    WarmStartCorpus(
+        synthetic_tools.GENERATOR.sft_rows,
+        sources=(
+            ("minirl.data", "generation.py"),
+            ("minirl.data", "synthetic_tools.py"),
+            ("minirl.tools", "minimind.py"),
+        ),
+    )
+)
+WARM_START_CORPORA.register("synthetic_math")(
+    WarmStartCorpus(
+        synthetic_math.GENERATOR.sft_rows,
+        sources=(
+            ("minirl.data", "generation.py"),
+            ("minirl.data", "synthetic_math.py"),
+            ("minirl.tools", "code_interpreter.py"),
+        ),
+    )
+)
+
+__all__ = [
+    "DATASETS",
+    "WARM_START_CORPORA",
+    "DataError",
+    "DatasetConfig",
+    "DatasetLoader",
+    "Task",
+    "WarmStartCorpus",
+    "load_jsonl",
+]

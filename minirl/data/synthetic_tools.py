@@ -23,7 +23,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from minirl.data.task import DataError, Task, task_from_row
+from minirl.data.generation import Phrasings, RowGenerator
+from minirl.data.task import Task
 from minirl.protocol.parsing import ToolCall
 from minirl.tools import MINIMIND_TOOL_NAMES, ToolExecutor, build_tools
 from minirl.tools.minimind import LANGUAGES, PHRASES, TIMEZONE_OFFSETS, USD_RATES
@@ -40,18 +41,6 @@ _RL_MIX = {"single": 0.45, "double": 0.35, "no_tool": 0.20}
 _SAME_TOOL_TWICE = 0.3  # share of double tasks that call one tool twice
 _GREETING_SHARE = 0.1  # share of no-tool tasks that are greetings
 _MAX_DISTRACTORS = 0
-_TRIES_PER_ROW = 20  # draws from the chosen family before it counts as full for this row
-_PICKS_PER_ROW = 10  # family choices allowed per requested row before the space counts as too small
-_MIN_PICKS = 100
-
-
-@dataclass(frozen=True)
-class _Phrasings:
-    core: tuple[str, ...]
-    extra: tuple[str, ...]
-
-    def pick(self, rng: random.Random, with_extra: bool) -> str:
-        return rng.choice(self.core + self.extra if with_extra else self.core)
 
 
 @dataclass(frozen=True)
@@ -59,8 +48,8 @@ class _ToolTopic:
     """How to ask for one tool, call it, and report its value."""
 
     sample: Callable[[random.Random], dict[str, Any]]  # template fields, the tool's arguments among them
-    question: _Phrasings  # a single-call user message
-    clause: _Phrasings  # this call's part of a double-call user message
+    question: Phrasings  # a single-call user message
+    clause: Phrasings  # this call's part of a double-call user message
     answers: tuple[str, ...]  # answer sentences over the fields and the tool's result
     gt_key: str  # the result value the answer must contain
 
@@ -69,7 +58,7 @@ class _ToolTopic:
 class _RecallTopic:
     """A question answered from memory about one (country, capital) pair."""
 
-    question: _Phrasings
+    question: Phrasings
     answer: str
     gt_key: str
 
@@ -195,11 +184,11 @@ def _translate_fields(rng: random.Random) -> dict[str, Any]:
 _TOPICS: dict[str, _ToolTopic] = {
     "calculate_math": _ToolTopic(
         sample=_math_fields,
-        question=_Phrasings(
+        question=Phrasings(
             core=("What is {expression}?", "Calculate {expression}.", "Compute {expression}, please."),
             extra=("Can you work out {expression} for me?", "I need the value of {expression}."),
         ),
-        clause=_Phrasings(
+        clause=Phrasings(
             core=("what {expression} equals", "the value of {expression}"), extra=("the result of {expression}",)
         ),
         answers=("{expression} = {result}.", "The result of {expression} is {result}."),
@@ -207,7 +196,7 @@ _TOPICS: dict[str, _ToolTopic] = {
     ),
     "unit_converter": _ToolTopic(
         sample=_unit_fields,
-        question=_Phrasings(
+        question=Phrasings(
             core=(
                 "Convert {value} {from_name} to {to_name}.",
                 "How many {to_name} is {value} {from_name}?",
@@ -218,7 +207,7 @@ _TOPICS: dict[str, _ToolTopic] = {
                 "Please express {value} {from_name} in {to_name}.",
             ),
         ),
-        clause=_Phrasings(
+        clause=Phrasings(
             core=("what {value} {from_name} is in {to_name}", "{value} {from_name} converted to {to_name}"),
             extra=("how many {to_name} make {value} {from_name}",),
         ),
@@ -227,7 +216,7 @@ _TOPICS: dict[str, _ToolTopic] = {
     ),
     "get_current_weather": _ToolTopic(
         sample=lambda rng: {"city": rng.choice(_CITIES)},
-        question=_Phrasings(
+        question=Phrasings(
             core=(
                 "What's the weather like in {city}?",
                 "How is the weather in {city} today?",
@@ -235,7 +224,7 @@ _TOPICS: dict[str, _ToolTopic] = {
             ),
             extra=("Is it warm in {city} right now?", "What is the temperature in {city} at the moment?"),
         ),
-        clause=_Phrasings(
+        clause=Phrasings(
             core=("the weather in {city}", "the current weather in {city}"), extra=("how warm it is in {city}",)
         ),
         answers=(
@@ -246,7 +235,7 @@ _TOPICS: dict[str, _ToolTopic] = {
     ),
     "get_current_time": _ToolTopic(
         sample=_time_fields,
-        question=_Phrasings(
+        question=Phrasings(
             core=(
                 "What time is it in {place}?",
                 "What is the current time in {timezone}?",
@@ -257,7 +246,7 @@ _TOPICS: dict[str, _ToolTopic] = {
                 "I'm calling someone in {place}; what time is it there now?",
             ),
         ),
-        clause=_Phrasings(
+        clause=Phrasings(
             core=("the time in {place}", "the current time in {timezone}"), extra=("what time it is in {place}",)
         ),
         answers=("It is {time} in {place}.", "The local time in {place} is {time}."),
@@ -265,7 +254,7 @@ _TOPICS: dict[str, _ToolTopic] = {
     ),
     "get_exchange_rate": _ToolTopic(
         sample=_rate_fields,
-        question=_Phrasings(
+        question=Phrasings(
             core=(
                 "What is the exchange rate from {from_currency} to {to_currency}?",
                 "How many {to_currency} do I get for one {from_currency}?",
@@ -276,7 +265,7 @@ _TOPICS: dict[str, _ToolTopic] = {
                 "If I change 1 {from_currency}, how much {to_currency} is that?",
             ),
         ),
-        clause=_Phrasings(
+        clause=Phrasings(
             core=(
                 "the exchange rate from {from_currency} to {to_currency}",
                 "the {from_currency} to {to_currency} rate",
@@ -288,7 +277,7 @@ _TOPICS: dict[str, _ToolTopic] = {
     ),
     "translate_text": _ToolTopic(
         sample=_translate_fields,
-        question=_Phrasings(
+        question=Phrasings(
             core=(
                 'How do you say "{text}" in {target_language}?',
                 'Translate "{text}" into {target_language}.',
@@ -296,7 +285,7 @@ _TOPICS: dict[str, _ToolTopic] = {
             ),
             extra=('Give me the {target_language} for "{text}".', 'I want to say "{text}" in {target_language}. How?'),
         ),
-        clause=_Phrasings(
+        clause=Phrasings(
             core=('how to say "{text}" in {target_language}', 'the {target_language} for "{text}"'),
             extra=('"{text}" translated into {target_language}',),
         ),
@@ -308,7 +297,7 @@ _TOPICS: dict[str, _ToolTopic] = {
     ),
 }
 
-_CONNECTORS = _Phrasings(
+_CONNECTORS = Phrasings(
     core=(
         "Please tell me {first} and {second}.",
         "Can you find {first}, and also {second}?",
@@ -319,7 +308,7 @@ _CONNECTORS = _Phrasings(
 
 _RECALL_TOPICS = (
     _RecallTopic(
-        question=_Phrasings(
+        question=Phrasings(
             core=(
                 "What is the capital of {country}?",
                 "Which city is the capital of {country}?",
@@ -331,7 +320,7 @@ _RECALL_TOPICS = (
         gt_key="capital",
     ),
     _RecallTopic(
-        question=_Phrasings(
+        question=Phrasings(
             core=(
                 "{capital} is the capital of which country?",
                 "Which country has {capital} as its capital?",
@@ -427,67 +416,22 @@ def _row(rng: random.Random, kind: str, episode: _Episode) -> dict:
     }
 
 
-def _fresh_episode(rng: random.Random, kind: str, with_extra: bool, taken: Collection[str]) -> _Episode | None:
-    """A draw from one family whose prompt is not taken; None when _TRIES_PER_ROW draws all were."""
-    for _ in range(_TRIES_PER_ROW):
-        episode = _FAMILIES[kind](rng, with_extra)
-        if episode.user not in taken:
-            return episode
-    return None
-
-
-def _generate(
-    n: int, seed: int, exclude_prompts: Collection[str], mix: dict[str, float], with_extra: bool, unique: bool
-) -> list[dict]:
-    """n rows, each from a family drawn from `mix`, with a prompt not in `exclude_prompts` (nor,
-    when `unique`, already used). Raises DataError when the prompt space runs out."""
-    rng = random.Random(seed)
-    taken = set(exclude_prompts)
-    rows: list[dict] = []
-    max_picks = max(_MIN_PICKS, _PICKS_PER_ROW * n)
-    picks = 0
-    while len(rows) < n:
-        if picks == max_picks:
-            raise DataError(
-                f"only {len(rows)} of {n} distinct synthetic prompts found in {max_picks} tries "
-                f"({len(exclude_prompts)} prompts excluded); ask for fewer rows"
-            )
-        picks += 1
-        kind = rng.choices(list(mix), weights=list(mix.values()))[0]
-        episode = _fresh_episode(rng, kind, with_extra, taken)
-        if episode is None:
-            continue
-        if unique:
-            taken.add(episode.user)
-        rows.append(_row(rng, kind, episode))
-    return rows
-
-
-def prompt_text(task_or_row: Task | dict) -> str:
-    """The last user message: the key that keeps splits apart."""
-    messages = task_or_row.messages if isinstance(task_or_row, Task) else task_or_row["conversations"]
-    return next(message["content"] for message in reversed(messages) if message["role"] == "user")
+GENERATOR = RowGenerator("synthetic_tools", _FAMILIES, _row, _SFT_MIX, _RL_MIX)
 
 
 def sft_rows(n: int, seed: int, exclude_prompts: Collection[str]) -> list[dict]:
-    """Warm-start rows: core phrasings only, about 55% single, 10% double, 35% no-tool, with full
+    """Warm-start rows: core phrasings only, about 55% single, 25% double, 20% no-tool, with full
     reference conversations. No prompt is in `exclude_prompts`; prompts may repeat, since the
     no-tool space is smaller than its share of a few thousand rows."""
-    return _generate(n, seed, exclude_prompts, _SFT_MIX, with_extra=False, unique=False)
+    return GENERATOR.sft_rows(n, seed, exclude_prompts)
 
 
 def rl_rows(n: int, seed: int, exclude_prompts: Collection[str] = frozenset()) -> list[dict]:
     """RL rows: all phrasings, about 45% single, 35% double, 20% no-tool (a family whose prompts
     run out is drawn less), distinct prompts none of which is in `exclude_prompts`."""
-    return _generate(n, seed, exclude_prompts, _RL_MIX, with_extra=True, unique=True)
-
-
-def _tasks(rows: list[dict], split: str) -> list[Task]:
-    return [task_from_row(row, f"synthetic_tools:{split}[{i}]") for i, row in enumerate(rows)]
+    return GENERATOR.rl_rows(n, seed, exclude_prompts)
 
 
 def train_heldout_split(train_size: int, heldout_size: int, seed: int) -> tuple[list[Task], list[Task]]:
     """(train, held-out) RL tasks; held-out uses seed + 1 and no train prompt equals a held-out one."""
-    heldout = rl_rows(heldout_size, seed + 1)
-    train = rl_rows(train_size, seed, exclude_prompts={prompt_text(row) for row in heldout})
-    return _tasks(train, "train"), _tasks(heldout, "heldout")
+    return GENERATOR.train_heldout_split(train_size, heldout_size, seed)

@@ -1,7 +1,8 @@
 """Build, warm-start and cache the embedded tiny model.
 
 The cache directory's name is a hash of everything the result depends on (the tiny-model and
-SFT configs, the data split, and the source of the code that generates the data and the model),
+SFT configs, the warm-start corpus among them, the data split, and the source of the code that
+generates the corpus and the model),
 so a changed setting or generator builds a fresh model instead of reusing a stale one. Each
 stage is written to a temporary directory and renamed into place, so a crash never leaves a
 half-written checkpoint that looks complete.
@@ -21,13 +22,12 @@ from pathlib import Path
 from rich.progress import Progress, TextColumn
 
 from minirl.config import Config
+from minirl.data import WARM_START_CORPORA
 
-# modules whose source decides what the built model is
+# files whose source decides what the built model is, besides those of the warm-start corpus
 _SOURCES = [
     ("minirl.models", "tiny.py"),
     ("minirl.models", "chat_template.jinja"),
-    ("minirl.data", "synthetic_tools.py"),
-    ("minirl.tools", "minimind.py"),
     ("minirl", "sft.py"),
 ]
 
@@ -40,7 +40,7 @@ def cache_key(cfg: Config) -> str:
         "data": [cfg.data.name, cfg.data.seed, cfg.data.train_size, cfg.data.heldout_size, cfg.data.path],
     }
     h.update(json.dumps(settings, sort_keys=True, default=str).encode())
-    for package, name in _SOURCES:
+    for package, name in [*_SOURCES, *WARM_START_CORPORA.get(cfg.sft.corpus).sources]:
         h.update(resources.files(package).joinpath(name).read_bytes())
     return h.hexdigest()[:12]
 
@@ -65,12 +65,12 @@ def _run_with_progress(console, label: str, train) -> float:
 
 
 def _build_base(cfg: Config, target: Path, console) -> None:
-    from minirl.data.synthetic_tools import sft_rows
     from minirl.data.task import task_from_row
     from minirl.models.tiny import build_model, build_tokenizer, pretrain_copying, render_texts
 
     tiny = cfg.model.tiny
-    rows = sft_rows(tiny.tokenizer_corpus_rows, seed=tiny.seed + 1000, exclude_prompts=set())
+    corpus = WARM_START_CORPORA.get(cfg.sft.corpus)
+    rows = corpus.sft_rows(tiny.tokenizer_corpus_rows, tiny.seed + 1000, set())
     tasks = [task_from_row(row, f"corpus[{i}]") for i, row in enumerate(rows)]
     tokenizer = build_tokenizer(tiny, render_texts((t.conversation, t.tools) for t in tasks))
     model = build_model(tiny, tokenizer)
@@ -89,7 +89,7 @@ def _warm_start(cfg: Config, base: Path, target: Path, console) -> None:
     model, tokenizer = load_model(str(base), cfg, device), load_tokenizer(str(base), cfg)
     examples = sft_examples(tokenizer, cfg)
     console.print(
-        f"[bold]warm start[/]: no cached SFT checkpoint; training on {len(examples)} synthetic tool conversations "
+        f"[bold]warm start[/]: no cached SFT checkpoint; training on {len(examples)} {cfg.sft.corpus} conversations "
         f"for {cfg.sft.epochs} epochs (cached in {target.parent})"
     )
     start = time.perf_counter()

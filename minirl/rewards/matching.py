@@ -20,12 +20,6 @@ from __future__ import annotations
 import re
 import unicodedata
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING
-
-from minirl.rollout.trajectory import FinishReason
-
-if TYPE_CHECKING:
-    from minirl.rollout.trajectory import Trajectory
 
 # kana, CJK ideographs and hangul: no spaces between words (Korean glues particles onto them)
 CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
@@ -82,10 +76,3 @@ def contains_value(text: str, value: str) -> bool:
 def gt_hits(text: str, gt: list[str]) -> list[bool]:
     """For each gt value, whether it occurs in `text` as a whole token."""
     return [contains_value(text, value) for value in gt]
-
-
-def is_success(traj: Trajectory) -> bool:
-    """Ended with an answer and every gt value is in it; with no gt, ending with an answer suffices."""
-    if traj.finish_reason is not FinishReason.ANSWER:
-        return False
-    return all(gt_hits(traj.final_text, traj.task.gt))

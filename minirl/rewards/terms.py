@@ -1,4 +1,5 @@
-"""MiniMind's rule reward for tool use, split into named terms.
+"""Rule rewards for tool use, split into named terms: MiniMind's (conf/reward/minimind.yaml) and
+ReTool's (conf/reward/retool.yaml).
 
 Each term is a plain function `term(traj) -> float` returning an UNWEIGHTED value; the weights
 come from `reward.weights` in the config. `score` computes every registered term, so each one has
@@ -22,6 +23,7 @@ from typing import Protocol
 
 from minirl.protocol.parsing import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TurnKind
 from minirl.registry import ConfigError, Registry
+from minirl.rewards import success
 from minirl.rewards.matching import CJK, gt_hits
 from minirl.rollout.trajectory import FinishReason, Trajectory
 
@@ -155,6 +157,17 @@ def think_count(traj: Trajectory) -> float:
     if used_tools(traj) or not traj.turns or THINK_CLOSE not in traj.turns[-1].text:
         return 0.0
     return 1.0 if traj.turns[-1].text.count(THINK_CLOSE) == 1 else -1.0
+
+
+# -- ReTool ----------------------------------------------------------------------------------
+
+
+@REWARD_TERMS.register("boxed_answer")
+def boxed_answer(traj: Trajectory) -> float:
+    r"""ReTool's outcome reward (arXiv:2504.11536): +1 if the final answer's last `\boxed{}` is
+    equivalent to the first gt value (minirl/rewards/math_answer.py), else -1: no answer, no box,
+    a wrong one, an invalid turn, turns or tokens run out, no gt."""
+    return 1.0 if success.boxed_answer(traj) else -1.0
 
 
 # -- scoring -----------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ class AgentLimits:
     max_turns: int
     max_new_tokens: int  # per assistant turn
     max_total_tokens: int  # prompt + everything appended to it
+    max_tool_calls: int  # per trajectory; later calls get an "over_budget" observation instead of running
 
 
 @dataclass
@@ -118,7 +119,10 @@ def _advance(
     if parsed.kind is TurnKind.INVALID:
         traj.finish_reason = FinishReason.INVALID
         return
-    turn.tool_results = executor.execute_many(parsed.tool_calls, allowed=_tool_names(traj.task))
+    used = sum(len(t.tool_results) for t in traj.turns[:-1])
+    turn.tool_results = executor.execute_many(
+        parsed.tool_calls, allowed=_tool_names(traj.task), budget=limits.max_tool_calls - used
+    )
     if turn_index + 1 >= limits.max_turns:
         traj.finish_reason = FinishReason.MAX_TURNS
         return

@@ -33,6 +33,10 @@ class ToolError(ValueError):
     """A tool refuses its arguments; the message is shown to the model."""
 
 
+class ToolTimeout(ToolError):
+    """A tool stopped its own work at a time limit (e.g. a killed sandbox run): status "timeout"."""
+
+
 class Tool:
     """One callable tool. `run` receives arguments already checked against `parameters`."""
 
@@ -133,7 +137,7 @@ def validate_arguments(parameters: dict, arguments: dict) -> list[str]:
 
 # -- results and execution ----------------------------------------------------------------------
 
-ToolStatus = Literal["ok", "unknown_tool", "bad_arguments", "error", "timeout"]
+ToolStatus = Literal["ok", "unknown_tool", "bad_arguments", "error", "timeout", "over_budget"]
 
 
 @dataclass
@@ -166,6 +170,9 @@ def cap_text(text: str, max_chars: int) -> str:
     return text[:keep] + _TRUNCATION_MARKER.format(len(text) - keep)
 
 
+_OVER_BUDGET = "tool-call budget of this conversation is used up; answer with what you have"
+
+
 def _to_json(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
@@ -187,6 +194,8 @@ class _Run:
     def _work(self, tool: Tool) -> None:
         try:
             self.outcome = ("ok", _to_json(tool.run(self.call.arguments)))
+        except ToolTimeout as err:
+            self.outcome = ("timeout", _error_json(f"{type(err).__name__}: {err}"))
         except BaseException as err:  # a worker thread: whatever the tool raised is the model's observation
             self.outcome = ("error", _error_json(f"{type(err).__name__}: {err}"))
 
@@ -206,10 +215,18 @@ class ToolExecutor:
         """Run one call; `allowed` is the task's tool list (None = every tool of the executor)."""
         return self.execute_many([call], allowed)[0]
 
-    def execute_many(self, calls: Sequence[ToolCall], allowed: Collection[str] | None = None) -> list[ToolResult]:
-        """Run calls concurrently, each with its own timeout; results in call order."""
-        started = [self._start(call, allowed) for call in calls]
-        return [item if isinstance(item, ToolResult) else self._finish(item) for item in started]
+    def execute_many(
+        self, calls: Sequence[ToolCall], allowed: Collection[str] | None = None, budget: int | None = None
+    ) -> list[ToolResult]:
+        """Run calls concurrently, each with its own timeout; results in call order. Calls past
+        `budget` (the conversation's remaining tool calls; None = no limit) are not run: they get
+        an "over_budget" error observation telling the model to answer."""
+        budget = len(calls) if budget is None else max(0, budget)
+        started = [self._start(call, allowed) for call in calls[:budget]]
+        refused = [
+            self._result(call, "over_budget", _error_json(_OVER_BUDGET), time.perf_counter()) for call in calls[budget:]
+        ]
+        return [item if isinstance(item, ToolResult) else self._finish(item) for item in started] + refused
 
     def _result(self, call: ToolCall, status: ToolStatus, content: str, started: float) -> ToolResult:
         return ToolResult(

@@ -13,11 +13,12 @@ What the model reads (the executor JSON-encodes it):
 - the code finished: status "ok", `{"output": stdout + stderr}`, or "[no output]" if both are empty;
 - an uncaught exception: status "error", `{"error": "ToolError: " + stdout + traceback}`; the
   traceback starts at the model's own code (`File "main.py", line 3, in <module>`);
-- a timeout: status "error", the output so far, then "[killed: wall-clock limit of 1.8 s reached]";
-- a resource kill: likewise, ending "[killed: CPU time limit of 5 s reached]" or "[killed by
-  signal SIGSEGV]". Running out of memory is usually a MemoryError traceback instead, and printing
-  or writing past the file size limit an `OSError: [Errno 27] File too large` one (CPython ignores
-  SIGXFSZ), after the start of what was printed;
+- a timeout: status "timeout", the output so far, then "[killed: wall-clock limit of 1.8 s reached]"
+  (or "[killed: CPU time limit of 5 s reached]");
+- another resource kill: status "error", likewise ending e.g. "[killed by signal SIGSEGV]".
+  Running out of memory is usually a MemoryError traceback instead, and printing or writing past
+  the file size limit an `OSError: [Errno 27] File too large` one (CPython ignores SIGXFSZ),
+  after the start of what was printed;
 - any other failing exit with nothing on stderr: "[exit status N]".
 
 stdout keeps its start and stderr its end, within `tools.sandbox.max_output_chars` together, with
@@ -34,7 +35,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from minirl.tools.base import TOOLS, Tool, ToolError
+from minirl.tools.base import TOOLS, Tool, ToolError, ToolTimeout
 from minirl.tools.sandbox import SandboxRun, run_python
 
 if TYPE_CHECKING:
@@ -120,6 +121,8 @@ class CodeInterpreter(Tool):
         finally:
             self._workers.release()
         text = _observation(run, self.limits, timeout_s)
-        if run.timed_out or run.exit_code:
+        if run.timed_out or run.killed_by == signal.SIGXCPU:
+            raise ToolTimeout(text)
+        if run.exit_code:
             raise ToolError(text)
         return {"output": text}

@@ -5,6 +5,9 @@ literals, + - * / // % **, unary + -, parentheses. Names, calls, attributes, sub
 strings and everything else are rejected. Sizes are bounded: the expression length, the
 exponent, and the magnitude of every intermediate value (checked from bit lengths before a
 big product or power is computed).
+
+`evaluate` computes with int and float; `evaluate_exact` with fractions.Fraction, so `0.1 + 0.2`
+is exactly 3/10 and `1/3` is not 0.3333 (integer exponents only; numerator and denominator bounded).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import ast
 import math
 import operator
 from collections.abc import Callable
+from decimal import Decimal
+from fractions import Fraction
 
 Number = int | float
 
@@ -87,32 +92,84 @@ class _Evaluator:
             self._too_big(a.bit_length() + b.bit_length() - 1)
         return a * b
 
-    def _power(self, base: Number, exponent: Number) -> Number:
+    def _check_exponent(self, exponent: Number | Fraction) -> None:
         if abs(exponent) > self.max_exponent:
             raise MathError(f"the exponent {exponent} exceeds the limit of {self.max_exponent}")
+
+    def _power(self, base: Number, exponent: Number) -> Number:
+        self._check_exponent(exponent)
         if isinstance(base, int) and isinstance(exponent, int) and exponent > 0 and abs(base) > 1:
             self._too_big((abs(base).bit_length() - 1) * exponent + 1)
         return base**exponent
 
 
-def evaluate(expression: str, *, max_length: int = 200, max_exponent: int = 64, max_digits: int = 100) -> Number:
-    """The value of an arithmetic expression; raises MathError for anything else."""
+class _ExactEvaluator(_Evaluator):
+    """Rational arithmetic: every value is a Fraction whose numerator and denominator stay below
+    10**max_digits. Decimal literals are read from their source text, not through float."""
+
+    def __init__(self, source: str, max_exponent: int, max_digits: int) -> None:
+        super().__init__(max_exponent, max_digits)
+        self.source = source
+
+    def _checked(self, value: Number | Fraction) -> Fraction:
+        if not isinstance(value, (int, Fraction)):  # a Fraction to a fractional power is a float
+            raise MathError("the result is not a rational number")
+        value = Fraction(value)
+        if value.denominator >= self.limit:
+            raise MathError(f"the denominator has more than {self.max_digits} digits")
+        return super()._checked(value)
+
+    def _constant(self, node: ast.Constant) -> Fraction:
+        if type(super()._constant(node)) is int:
+            return Fraction(node.value)
+        literal = Decimal(ast.get_source_segment(self.source, node))  # "0.1" is 1/10, not the nearest float
+        if abs(literal.adjusted()) >= self.max_digits:  # "1e999999999" would take long to expand
+            raise MathError(f"the number {literal} has more than {self.max_digits} digits")
+        return Fraction(literal)
+
+    def _power(self, base: Fraction, exponent: Fraction) -> Fraction:
+        if exponent.denominator != 1:
+            raise MathError(f"the exponent {exponent} is not an integer; exact arithmetic needs one")
+        self._check_exponent(exponent)
+        size = max(abs(base.numerator), base.denominator)
+        if size > 1:
+            self._too_big((size.bit_length() - 1) * abs(exponent.numerator) + 1)
+        return base**exponent.numerator
+
+
+def _parse(expression: str, max_length: int) -> ast.Expression:
     if not isinstance(expression, str):
         raise MathError("the expression must be a string")
     if len(expression) > max_length:
         raise MathError(f"the expression is {len(expression)} characters long; the limit is {max_length}")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        return ast.parse(expression.strip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
         raise MathError(f"not a valid arithmetic expression: {expression!r}") from err
+
+
+def _walk(evaluator: _Evaluator, tree: ast.Expression) -> Number | Fraction:
     try:
-        return _Evaluator(max_exponent, max_digits).value_of(tree)
+        return evaluator.value_of(tree)
     except ZeroDivisionError as err:
         raise MathError("division by zero") from err
     except OverflowError as err:
         raise MathError("the result is too large") from err
     except RecursionError as err:
         raise MathError("the expression is nested too deeply") from err
+
+
+def evaluate(expression: str, *, max_length: int = 200, max_exponent: int = 64, max_digits: int = 100) -> Number:
+    """The value of an arithmetic expression; raises MathError for anything else."""
+    return _walk(_Evaluator(max_exponent, max_digits), _parse(expression, max_length))
+
+
+def evaluate_exact(
+    expression: str, *, max_length: int = 200, max_exponent: int = 64, max_digits: int = 100
+) -> Fraction:
+    """The exact rational value of an arithmetic expression; raises MathError for anything else."""
+    tree = _parse(expression, max_length)
+    return _walk(_ExactEvaluator(expression.strip(), max_exponent, max_digits), tree)
 
 
 def format_number(x: Number) -> str:

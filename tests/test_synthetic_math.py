@@ -1,0 +1,101 @@
+"""The synthetic_math dataset: seeded, split without shared prompts, and its reference tool
+messages and answers are exactly what the real code interpreter prints."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from minirl.config import Config, DataConfig, SFTConfig, ToolsConfig
+from minirl.data import DATASETS, Task
+from minirl.data.generation import prompt_text
+from minirl.data.synthetic_math import GENERATOR, SYSTEM_PROMPT
+from minirl.data.task import task_from_row
+from minirl.protocol.parsing import ToolCall
+from minirl.sft import sft_examples
+from minirl.tools import ToolExecutor, build_tools
+
+KINDS = {"product", "sum", "mod_pow", "count_multiples", "count_primes", "power_digit_sum"}
+# one fragment of an "extra" phrasing per family: RL sees them, the warm start never does
+EXTRA_MARKERS = (
+    "What do you get when you multiply",
+    "Find the total of",
+    "What remainder does",
+    "Among 1, 2, ...,",
+    "less than or equal to",
+    "If you write out",
+)
+
+
+@pytest.fixture(scope="module")
+def rl_tasks() -> list[Task]:
+    return [task_from_row(row, f"rl[{i}]") for i, row in enumerate(GENERATOR.rl_rows(300, seed=7))]
+
+
+def config(**overrides) -> SimpleNamespace:
+    fields = {"path": None, "heldout_path": None, "train_size": 500, "heldout_size": 64, "seed": 0}
+    return SimpleNamespace(**{**fields, **overrides})
+
+
+def test_generation_is_deterministic_per_seed():
+    assert GENERATOR.rl_rows(60, seed=3) == GENERATOR.rl_rows(60, seed=3)
+    assert GENERATOR.rl_rows(60, seed=3) != GENERATOR.rl_rows(60, seed=4)
+    assert GENERATOR.sft_rows(60, seed=3, exclude_prompts=set()) == GENERATOR.sft_rows(60, 3, set())
+
+
+def test_train_and_heldout_never_share_a_prompt():
+    train, heldout = DATASETS.get("synthetic_math")(config())
+    assert (len(train), len(heldout)) == (500, 64)
+    train_prompts, heldout_prompts = {prompt_text(t) for t in train}, {prompt_text(t) for t in heldout}
+    assert len(train_prompts) == 500 and len(heldout_prompts) == 64
+    assert not train_prompts & heldout_prompts
+    assert DATASETS.get("synthetic_math")(config()) == (train, heldout)
+
+
+def test_warm_start_rows_exclude_heldout_prompts_and_extra_phrasings():
+    _, heldout = DATASETS.get("synthetic_math")(config(train_size=10))
+    excluded = {prompt_text(task) for task in heldout}
+    prompts = [prompt_text(row) for row in GENERATOR.sft_rows(600, seed=0, exclude_prompts=excluded)]
+    assert len(prompts) == 600 and not excluded & set(prompts)
+    assert not any(marker in prompt for prompt in prompts for marker in EXTRA_MARKERS)
+    rl_prompts = [prompt_text(row) for row in GENERATOR.rl_rows(600, seed=0)]
+    assert all(any(marker in prompt for prompt in rl_prompts) for marker in EXTRA_MARKERS)
+
+
+def test_rows_are_one_code_call_then_a_boxed_answer(rl_tasks):
+    assert {task.kind for task in rl_tasks} == KINDS
+    for task in rl_tasks:
+        assert task.messages[0] == {"role": "system", "content": SYSTEM_PROMPT}
+        assert [tool["function"]["name"] for tool in task.tools] == ["code_interpreter"]
+        assert [m["role"] for m in task.reference] == ["assistant", "tool", "assistant"]
+        assert task.expected_tool_calls == 1 and len(task.gt) == 1
+        assert task.reference[-1]["content"] == f"The answer is \\boxed{{{task.gt[0]}}}."
+
+
+def test_reference_tool_messages_and_answers_are_what_the_real_tool_prints(rl_tasks):
+    sample = [next(t for t in rl_tasks if t.kind == kind) for kind in sorted(KINDS)] + rl_tasks[:6]
+    tools_cfg = ToolsConfig(names=["code_interpreter"], timeout_s=10.0)
+    executor = ToolExecutor(build_tools(tools_cfg.names, tools_cfg), tools_cfg.timeout_s, tools_cfg.max_output_chars)
+    calls = [task.reference[0]["tool_calls"][0] for task in sample]
+    results = executor.execute_many(
+        [ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    )
+    for task, result in zip(sample, results, strict=True):
+        assert result.status == "ok", result.content
+        assert json.loads(result.content) == {"output": task.gt[0] + "\n"}
+        assert task.reference[1] == result.to_message()
+
+
+def test_warm_start_examples_tokenize(tokenizer):
+    cfg = Config(
+        data=DataConfig(name="synthetic_math", train_size=10, heldout_size=8),
+        sft=SFTConfig(corpus="synthetic_math", rows=12),
+    )
+    examples = sft_examples(tokenizer, cfg)
+    assert len(examples) == 12
+    for example in examples:
+        assert len(example.input_ids) == len(example.loss_mask) and 0 < sum(example.loss_mask) < len(example.loss_mask)
+        trained = tokenizer.decode([t for t, m in zip(example.input_ids, example.loss_mask, strict=True) if m])
+        assert "code_interpreter" in trained and "\\boxed{" in trained
