@@ -205,7 +205,7 @@ class AlgoConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "synthetic_tools"  # registry key: synthetic_tools | jsonl
+    name: str = "synthetic_tools"  # registry key: synthetic_tools | synthetic_math | jsonl
     path: Optional[str] = None  # jsonl: training tasks
     heldout_path: Optional[str] = None  # jsonl: held-out tasks (default: the file's last heldout_size rows)
     train_size: int = 2000
