@@ -181,26 +181,88 @@ class RolloutConfig:
 
 @dataclass
 class LossConfig:
-    name: str = "grpo"  # registry key: grpo | cispo
-    clip_low: float = 0.2  # ratio lower clip 1 - clip_low (grpo)
-    clip_high: float = 0.2  # ratio upper clip 1 + clip_high (grpo), IS-weight cap 1 + clip_high (cispo)
-    beta: float = 0.02  # KL coefficient to the frozen reference; 0 = no reference model
+    """The policy loss (minirl/algos/losses.py); docs/algorithms.md maps each key to verl and TRL."""
+
+    name: str = "grpo"  # registry key: grpo | cispo | gspo
+    # bounds 1 - clip_low and 1 + clip_high of the ratio (grpo: per token, gspo: per sequence) or of the
+    # IS weight (cispo); clip_low >= 1 means no lower bound
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    beta: float = 0.02  # KL-in-loss coefficient; 0 with algo.kl_in_reward off = no reference model
     kl_estimator: str = "k3"  # registry key: k1 | k2 | k3
-    agg: str = "seq-mean-token-mean"  # token-mean | seq-mean-token-mean
+    agg: str = "seq-mean-token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+    # the constant divisor of seq-mean-token-sum-norm (Dr. GRPO); 0 = rollout.max_turns * rollout.max_new_tokens,
+    # the most tokens one trajectory can sample (set by Config)
+    max_tokens_norm: int = 0
 
     def __post_init__(self) -> None:
         _check(self.clip_low >= 0, "loss.clip_low", f"must be >= 0, got {self.clip_low}")
         _check(self.clip_high >= 0, "loss.clip_high", f"must be >= 0, got {self.clip_high}")
         _check(self.beta >= 0, "loss.beta", f"must be >= 0, got {self.beta}")
+        _check(self.max_tokens_norm >= 0, "loss.max_tokens_norm", f"must be >= 0, got {self.max_tokens_norm}")
+
+
+class OldLogprobs(str, Enum):
+    sampler = "sampler"
+    recompute = "recompute"
+
+
+class RolloutIS(str, Enum):
+    off = "off"
+    token = "token"
+    sequence = "sequence"
+
+
+class Overlong(str, Enum):
+    off = "off"
+    mask = "mask"
+    penalty = "penalty"
 
 
 @dataclass
 class AlgoConfig:
-    adv_estimator: str = "grpo"  # registry key
-    adv_eps: float = 1e-4  # added to the group std
+    adv_estimator: str = "grpo"  # registry key: grpo | dr_grpo | rloo | reinforce_plus_plus
+    adv_eps: float = 1e-4  # added to the std the advantages divide by (grpo: group, reinforce_plus_plus: batch)
+    # fold the KL to the frozen reference into the reward before advantages: r - kl_coef * (per-trajectory KL)
+    kl_in_reward: bool = False
+    kl_coef: float = 1e-3
+    kl_estimator: str = "k1"  # registry key: k1 | k2 | k3; summed over the trajectory's sampled tokens
+    # log pi_old, the denominator of the loss's ratio: sampler = the log-probs the rollout engine reported;
+    # recompute = the trainer's own forward pass with the current weights, once per batch before the first update
+    old_logprobs: OldLogprobs = OldLogprobs.sampler
+    # sampler/trainer mismatch correction (minirl/algos/rollout_correction.py); needs old_logprobs=recompute:
+    # off | token (loss weights min(pi_old / pi_sampler, C)) | sequence (no loss for trajectories whose
+    # ratio prod_t pi_old / pi_sampler lies outside [1/C, C])
+    rollout_is: RolloutIS = RolloutIS.off
+    rollout_is_threshold: float = 2.0  # C
+    # DAPO dynamic sampling (minirl/algos/dapo.py): drop groups whose rewards all tie; then roll out up to
+    # max_resample_rounds more rounds of prompts_per_step prompts until prompts_per_step groups are kept
+    dynamic_sampling: bool = False
+    max_resample_rounds: int = 0
+    # trajectories cut by rollout.max_new_tokens or rollout.max_total_tokens: off | mask (no loss) | penalty
+    # (DAPO's soft overlong punishment: from overlong_buffer tokens before the nearer limit down to -overlong_penalty)
+    overlong: Overlong = Overlong.off
+    overlong_buffer: int = 16
+    overlong_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         _check(self.adv_eps >= 0, "algo.adv_eps", "must be >= 0")
+        _check(self.kl_coef >= 0, "algo.kl_coef", f"must be >= 0, got {self.kl_coef}")
+        _check(
+            self.rollout_is is RolloutIS.off or self.old_logprobs is OldLogprobs.recompute,
+            "algo.rollout_is",
+            f"{self.rollout_is.value} needs the trainer's old log-probs: set algo.old_logprobs=recompute",
+        )
+        threshold = self.rollout_is_threshold
+        _check(threshold >= 1, "algo.rollout_is_threshold", f"must be >= 1, got {threshold}")
+        _check(self.max_resample_rounds >= 0, "algo.max_resample_rounds", "must be >= 0")
+        _check(
+            self.dynamic_sampling or self.max_resample_rounds == 0,
+            "algo.max_resample_rounds",
+            "resampling refills dynamic sampling's batch: set algo.dynamic_sampling=true or leave it at 0",
+        )
+        _check(self.overlong_buffer > 0, "algo.overlong_buffer", f"must be > 0, got {self.overlong_buffer}")
+        _check(self.overlong_penalty >= 0, "algo.overlong_penalty", f"must be >= 0, got {self.overlong_penalty}")
 
 
 @dataclass
@@ -231,8 +293,10 @@ class TrainerConfig:
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    ppo_epochs: int = 1  # optimizer steps per rollout batch; >1 reuses samples and makes clipping bite
-    micro_batch_size: int = 16  # trajectories per forward/backward
+    ppo_epochs: int = 1  # passes over each rollout batch; >1 reuses samples and makes clipping bite
+    # optimizer steps per pass: the batch is shuffled (trainer.seed) and split into this many mini-batches
+    mini_batches: int = 1
+    micro_batch_size: int = 16  # trajectories per forward/backward; gradients add up to the mini-batch's
     eval_every: int = 10  # held-out evaluation every N steps (and at step 0 and the end)
     eval_temperature: float = 0.0  # 0 = greedy
     save_final: bool = True
@@ -240,7 +304,7 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
     def __post_init__(self) -> None:
-        for key in ("steps", "prompts_per_step", "ppo_epochs", "micro_batch_size", "eval_every"):
+        for key in ("steps", "prompts_per_step", "ppo_epochs", "mini_batches", "micro_batch_size", "eval_every"):
             _check(getattr(self, key) > 0, f"trainer.{key}", "must be > 0")
         _check(self.lr > 0, "trainer.lr", "must be > 0")
         _check(self.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0")
@@ -275,6 +339,17 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     output_dir: str = "."  # set by the entry point to the Hydra run directory
+
+    def __post_init__(self) -> None:
+        if self.loss.max_tokens_norm == 0:  # a default that depends on another section
+            self.loss.max_tokens_norm = self.rollout.max_turns * self.rollout.max_new_tokens
+        batch = self.trainer.prompts_per_step * self.rollout.group_size
+        _check(self.trainer.mini_batches <= batch, "trainer.mini_batches", f"must be <= {batch}, the batch's size")
+        _check(
+            self.algo.overlong is not Overlong.penalty or self.algo.overlong_buffer < self.rollout.max_new_tokens,
+            "algo.overlong_buffer",
+            f"must be < rollout.max_new_tokens ({self.rollout.max_new_tokens}), or every trajectory is penalised",
+        )
 
 
 def register_configs() -> None:

@@ -8,15 +8,17 @@ from statistics import fmean, pstdev
 
 import torch
 
+from minirl.algos.dapo import tied_groups, truncated
 from minirl.rewards import SuccessCriterion
 from minirl.rollout.trajectory import FinishReason, Trajectory
 from minirl.tools.base import ToolStatus
 
 
 def rollout_metrics(trajs: list[Trajectory], solved: SuccessCriterion, prefix: str = "") -> dict[str, float]:
-    """Rewards, every reward term, lengths, turns, success (`solved`: reward.success), tool use (calls
-    per trajectory, share of trajectories that called, validity, latency, share of each call status)
-    and why trajectories ended. Everything is over this batch only, never cumulative."""
+    """Rewards, every reward term, lengths (sampled tokens; the share cut by a length limit), turns, success
+    (`solved`: reward.success), tool use (calls per trajectory, share of trajectories that called, validity,
+    latency, share of each call status) and why trajectories ended. Everything is over this batch only, never
+    cumulative."""
     rewards = [t.reward for t in trajs]
     sampled = [sum(t.action_mask) for t in trajs]
     calls = [r for t in trajs for turn in t.turns for r in turn.tool_results]
@@ -25,6 +27,7 @@ def rollout_metrics(trajs: list[Trajectory], solved: SuccessCriterion, prefix: s
         "reward/std": pstdev(rewards),
         "rollout/response_tokens_mean": fmean(sampled),
         "rollout/response_tokens_max": float(max(sampled)),
+        "rollout/response_clipped_frac": fmean(truncated(t) for t in trajs),  # turn_tokens or token_budget
         "rollout/turns": fmean(len(t.turns) for t in trajs),
         "rollout/success_rate": fmean(float(solved(t)) for t in trajs),
         "tools/calls_per_traj": fmean(t.num_tool_calls for t in trajs),
@@ -49,6 +52,17 @@ def success_by_kind(trajs: list[Trajectory], solved: SuccessCriterion, prefix: s
     kinds = sorted({t.task.kind for t in trajs if t.task.kind})
     return {
         f"{prefix}success_rate/{kind}": fmean(float(solved(t)) for t in trajs if t.task.kind == kind) for kind in kinds
+    }
+
+
+def group_metrics(sampled: list[Trajectory], kept: list[Trajectory], group_size: int) -> dict[str, float]:
+    """Groups of this step: the share whose rewards all tie (no GRPO signal) among all sampled, and how many
+    were sampled and kept for the update (they differ under algo.dynamic_sampling). Groups are contiguous."""
+    tied = tied_groups(torch.tensor([t.reward for t in sampled]), group_size)  # [groups sampled]
+    return {
+        "reward/zero_std_frac": int(tied.sum()) / len(tied),
+        "algo/groups_sampled": float(len(tied)),
+        "algo/groups_kept": float(len(kept) // group_size),
     }
 
 

@@ -58,7 +58,8 @@ def test_registries_and_configs_match_in_both_directions():
     def values(group: str, key: str) -> set:
         return {OmegaConf.select(OmegaConf.load(CONF_DIR / group / f"{o}.yaml"), key) for o in options(group)}
 
-    assert values("loss", "name") == set(LOSSES.names())
+    # loss presets may set other sections too (`# @package _global_`), so read them composed
+    assert {compose_cfg(f"loss={o}").loss.name for o in options("loss")} == set(LOSSES.names())
     assert values("rollout", "engine") == set(ENGINES.names())
     assert values("data", "name") == set(DATASETS.names())
     assert set(WARM_START_CORPORA.names()) <= set(DATASETS.names())  # sft.corpus=X pairs with data=X
@@ -70,7 +71,38 @@ def test_registries_and_configs_match_in_both_directions():
     for option in options("reward"):  # every preset weighs every term, 0 included, so none is forgotten
         assert set(OmegaConf.load(CONF_DIR / "reward" / f"{option}.yaml").weights) == set(REWARD_TERMS.names())
     assert values("reward", "success") == set(SUCCESS_CRITERIA.names())
-    assert {OmegaConf.load(CONF_DIR / "config.yaml").algo.adv_estimator} == set(ADV_ESTIMATORS.names())
+    presets = [compose_cfg(f"{g}={o}") for g in ("loss", "experiment") for o in options(g)]
+    assert {cfg.algo.adv_estimator for cfg in presets} <= set(ADV_ESTIMATORS.names())
+
+
+def test_every_algorithm_is_documented():
+    """docs/algorithms.md has a row for every registered loss, estimator, aggregation and KL estimator,
+    and the config comments that list the options name them all."""
+    from minirl.algos.advantages import ADV_ESTIMATORS
+    from minirl.algos.kl import KL_ESTIMATORS
+    from minirl.algos.losses import AGGREGATIONS, LOSSES
+
+    docs = (CONF_DIR.parent / "docs" / "algorithms.md").read_text()
+    config_yaml = (CONF_DIR / "config.yaml").read_text()
+    for registry in (LOSSES, ADV_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS):
+        for name in registry.names():
+            assert f"`{name}`" in docs, f"{registry.kind} {name} is not in docs/algorithms.md"
+    for name in [*LOSSES.names(), *ADV_ESTIMATORS.names()]:
+        assert name in config_yaml, f"{name} is missing from the option comments in conf/config.yaml"
+
+
+def test_loss_presets_set_what_their_paper_needs():
+    dr = compose_cfg("loss=dr_grpo")
+    assert dr.algo.adv_estimator == "dr_grpo" and dr.loss.agg == "seq-mean-token-sum-norm"
+    assert dr.loss.max_tokens_norm == dr.rollout.max_turns * dr.rollout.max_new_tokens  # 0 resolves to the budget
+    assert compose_cfg("loss=dr_grpo", "loss.max_tokens_norm=500").loss.max_tokens_norm == 500
+    dapo = compose_cfg("loss=dapo")
+    assert (dapo.loss.clip_low, dapo.loss.clip_high, dapo.loss.agg) == (0.2, 0.28, "token-mean")
+    assert dapo.algo.dynamic_sampling and dapo.algo.overlong.value == "penalty"
+    gspo = compose_cfg("loss=gspo")
+    assert (gspo.loss.clip_low, gspo.loss.clip_high, gspo.loss.beta) == (3e-4, 4e-4, 0.0)
+    assert compose_cfg("loss=cispo").loss.clip_low >= 1  # the paper's CISPO has no lower bound
+    assert compose_cfg().algo.adv_estimator == "grpo"  # presets that do not name an estimator leave it alone
 
 
 def test_experiment_and_debug_presets_apply():
@@ -85,6 +117,8 @@ def test_experiment_and_debug_presets_apply():
         ("rollout.max_turns=0", "rollout.max_turns"),
         ("loss.clip_high=-0.1", "loss.clip_high"),
         ("loss.beta=-1", "loss.beta"),
+        ("loss.max_tokens_norm=-1", "loss.max_tokens_norm"),
+        ("algo.kl_coef=-0.1", "algo.kl_coef"),
         ("trainer.steps=0", "trainer.steps"),
         ("rollout.temperature=0", "rollout.temperature"),
         ("protocol.max_calls_per_turn=0", "protocol.max_calls_per_turn"),
@@ -114,8 +148,12 @@ def test_typo_inside_a_group_file_fails(tmp_path):
 
 
 def test_unknown_registry_names_list_the_known_ones():
-    with pytest.raises(ConfigError, match="unknown loss 'nope'; known: cispo, grpo"):
+    with pytest.raises(ConfigError, match="unknown loss 'nope'; known: cispo, grpo, gspo"):
         check_names(compose_cfg("loss.name=nope"))
+    with pytest.raises(ConfigError, match="unknown advantage estimator 'gae'; known: dr_grpo, grpo, reinforce_"):
+        check_names(compose_cfg("algo.adv_estimator=gae"))
+    with pytest.raises(ConfigError, match="unknown kl estimator 'k4'; known: k1, k2, k3"):
+        check_names(compose_cfg("algo.kl_estimator=k4"))
     with pytest.raises(ConfigError, match="unknown tool 'rm_rf'"):
         check_names(compose_cfg("tools.names=[rm_rf]"))
     with pytest.raises(ConfigError, match="reward term"):
@@ -129,7 +167,7 @@ def test_unknown_registry_names_list_the_known_ones():
 
 
 def test_unknown_group_option_is_one_line_with_the_options():
-    with pytest.raises(ConfigError, match=r"unknown loss 'nope'; known: cispo, grpo"):
+    with pytest.raises(ConfigError, match=r"unknown loss 'nope'; known: cispo, dapo, dr_grpo, grpo, gspo"):
         check_group_choices(["loss=nope"])
     check_group_choices(["loss=cispo", "-m", "loss=grpo,cispo", "rollout.max_turns=4", "experiment=null"])
 

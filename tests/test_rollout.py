@@ -279,3 +279,26 @@ def test_hf_engine_logprobs_match_the_trainer(tiny_policy):
         gap = ((logp - batch.old_logp).abs() * batch.mask).max().item()
         assert batch.mask.sum() > 0
         assert gap < 1e-4, gap
+
+
+@pytest.mark.parametrize(("top_p", "top_k"), [(0.9, 0), (1.0, 20), (0.8, 40)])
+def test_hf_engine_logprobs_match_the_trainer_under_top_p_and_top_k(tiny_policy, top_p, top_k):
+    """Under top-p / top-k the sampler reports log-probs renormalised over the tokens it could draw; the
+    trainer applies the same filter, and without it the two would disagree."""
+    from minirl.rollout.hf_engine import HFEngine
+    from minirl.trainer import collate, token_logprobs
+
+    model, tokenizer, tasks = tiny_policy
+    engine = HFEngine(model, tokenizer, torch.device("cpu"))
+    executor = ToolExecutor(build_tools(MINIMIND_TOOL_NAMES), timeout_s=2.0, max_output_chars=512)
+    limits = AgentLimits(max_turns=2, max_new_tokens=24, max_total_tokens=1024, max_tool_calls=8)
+    torch.manual_seed(0)
+    sampling = SamplingParams(24, 0.8, top_p, top_k)
+    trajs = run_agent(engine, tokenizer, executor, tasks[:4], 2, limits, sampling, HERMES)
+    batch = collate(trajs, torch.zeros(len(trajs)), tokenizer.pad_token_id)
+    with torch.no_grad():
+        filtered = token_logprobs(model, batch, 0.8, top_p, top_k)
+        unfiltered = token_logprobs(model, batch, 0.8)
+    assert batch.mask.sum() > 0
+    assert ((filtered - batch.old_logp).abs() * batch.mask).max().item() < 1e-4
+    assert ((unfiltered - batch.old_logp).abs() * batch.mask).max().item() > 1e-2

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from transformers import AutoModelForCausalLM
 
 from minirl.config import register_configs, to_config
+from minirl.data.task import Task
 from minirl.entry import CONF_DIR
-from minirl.trainer import Trainer, train
+from minirl.metrics import group_metrics
+from minirl.rollout.trajectory import FinishReason, Trajectory
+from minirl.trainer import Trainer, collate, token_logprobs, train
 
 register_configs()
 
@@ -34,6 +39,10 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def step_rows(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir) if "reward/mean" in r and "eval/success_rate" not in r]
+
+
 def test_train_runs_end_to_end_and_logs_every_metric(cache_dir, tmp_path):
     cfg = debug_config(cache_dir, tmp_path, "logger.backend=wandb", "logger.mode=offline", "trainer.ppo_epochs=2")
     result = train(cfg)
@@ -49,6 +58,8 @@ def test_train_runs_end_to_end_and_logs_every_metric(cache_dir, tmp_path):
         "loss/policy", "loss/kl", "loss/clip_frac", "loss/ratio_mean", "adv/mean", "adv/std", "adv/min", "adv/max",
         "rollout/response_tokens_mean", "rollout/turns", "tools/valid_frac", "tools/calls_per_traj",
         "rollout/finish_answer", "grad_norm", "lr", "time/rollout_s", "time/update_s",
+        "loss/clip_frac_low", "loss/clip_frac_high", "entropy", "reward/zero_std_frac", "algo/groups_kept",
+        "algo/groups_sampled", "rollout/response_tokens_max", "rollout/response_clipped_frac",
     }  # fmt: skip
     assert expected <= set(steps[0])
     # the final policy loads back like any checkpoint, and W&B wrote an offline run
@@ -86,3 +97,192 @@ def test_retool_recipe_runs_end_to_end_with_the_sandbox(cache_dir, tmp_path):
         shares = [row[f"tools/{s}_frac"] for s in ("ok", "error", "timeout", "bad_arguments", "unknown_tool")]
         assert row["tools/calls_per_traj"] == 0 or sum(shares) + row["tools/over_budget_frac"] == pytest.approx(1.0)
         assert 0.0 <= row["tools/used_frac"] <= 1.0 and row["tools/latency_max_s"] >= 0.0
+
+
+# -- multiple updates per batch, old log-probs, mismatch correction, DAPO -------------------------------------
+
+
+def record_loss_calls(trainer: Trainer) -> list[dict[str, torch.Tensor]]:
+    """Wrap the trainer's loss so every call's inputs are kept (detached copies)."""
+    calls, loss_fn = [], trainer.loss_fn
+
+    def recording(logp, old_logp, ref_logp, advantages, mask, cfg, **kwargs):
+        seen = {"logp": logp, "old_logp": old_logp, "mask": mask, **kwargs}
+        calls.append({k: v.detach().clone() for k, v in seen.items()})
+        return loss_fn(logp, old_logp, ref_logp, advantages, mask, cfg, **kwargs)
+
+    trainer.loss_fn = recording
+    return calls
+
+
+def shift_sampler_logprobs(trajs: list[Trajectory], shifts: list[float]) -> None:
+    """Lower each trajectory's sampler log-probs of sampled tokens by its shift (a mismatch made by hand)."""
+    for traj, shift in zip(trajs, shifts):
+        traj.sampler_logprobs = [lp - shift * m for lp, m in zip(traj.sampler_logprobs, traj.action_mask)]
+
+
+def test_mini_batches_take_one_optimizer_step_each_and_recompute_starts_at_ratio_one(cache_dir, tmp_path):
+    overrides = ["trainer.ppo_epochs=2", "trainer.mini_batches=2", "trainer.micro_batch_size=1"]
+    trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides, "algo.old_logprobs=recompute"), console=None)
+    calls = record_loss_calls(trainer)
+    _, trajs = trainer.sample_groups()
+    assert len(trajs) == 4
+    trainer.learn(trajs)
+    assert {int(state["step"]) for state in trainer.optimizer.state.values()} == {4}  # 2 epochs x 2 mini-batches
+    assert len(calls) == 8  # one trajectory per micro-batch, every trajectory once per epoch
+    for call in calls[:2]:  # the first mini-batch runs on the weights the trainer's old log-probs came from
+        assert torch.equal(call["logp"], call["old_logp"])
+    assert not all(torch.equal(call["logp"], call["old_logp"]) for call in calls[2:])  # later ones after a step
+
+
+def test_trainer_micro_batches_give_the_mini_batch_gradient(cache_dir, tmp_path):
+    cfg = debug_config(cache_dir, tmp_path, "loss.beta=0", "loss.agg=token-mean", "trainer.max_grad_norm=1e9")
+    trainer = Trainer(cfg, console=None)
+    _, trajs = trainer.sample_groups()
+    batch = collate(trajs, torch.tensor([1.0, -1.0, 0.5, -0.5]), trainer.tokenizer.pad_token_id)
+    batch.is_weights = 0.5 + torch.rand(batch.mask.shape)
+    rows = torch.tensor([3, 0, 2])  # one mini-batch of three trajectories
+    trainer.policy.train()
+    mini = batch.rows(rows)  # as one big batch
+    logp = token_logprobs(trainer.policy, mini, *trainer.distribution)
+    out = trainer.loss_fn(logp, mini.old_logp, None, mini.advantages, mini.mask, cfg.loss, is_weights=mini.is_weights)
+    out.loss.backward()
+    whole = [p.grad.clone() for p in trainer.policy.parameters()]
+    trainer.optimizer.zero_grad(set_to_none=True)
+
+    accumulated = []
+    trainer.optimizer.register_step_pre_hook(
+        lambda *_: accumulated.append([p.grad.clone() for p in trainer.policy.parameters()])
+    )
+    trainer.optimizer_step(batch, rows)  # micro-batches of 2 (debug config): [3, 0], [2]
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(accumulated[0], whole))
+    assert any(a.abs().max() > 1e-4 for a in whole)
+
+
+def test_entropy_is_the_policys_mean_over_action_tokens(cache_dir, tmp_path):
+    trainer = Trainer(debug_config(cache_dir, tmp_path, "loss.beta=0", "rollout.temperature=0.8"), console=None)
+    _, trajs = trainer.sample_groups()
+    batch = collate(trajs, torch.zeros(len(trajs)), trainer.tokenizer.pad_token_id)
+    trainer.policy.train()
+    with torch.no_grad():
+        logits = trainer.policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        probs = torch.softmax(logits[:, batch.start : -1] / 0.8, dim=-1)  # [N, T, V]
+    entropy = -torch.special.xlogy(probs, probs).sum(dim=-1)  # [N, T]
+    expected = ((entropy * batch.mask).sum() / batch.mask.sum()).item()
+    assert trainer.optimizer_step(batch, torch.arange(len(trajs)))["entropy"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_token_rollout_is_weights_reach_the_loss_capped(cache_dir, tmp_path):
+    overrides = ["loss.beta=0", "trainer.micro_batch_size=4", "algo.old_logprobs=recompute", "algo.rollout_is=token"]
+    trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides, "algo.rollout_is_threshold=1.5"), console=None)
+    calls = record_loss_calls(trainer)
+    _, trajs = trainer.sample_groups()
+    shift_sampler_logprobs(trajs, [1.0, -0.2, 0.0, 0.0])  # ratios about e (capped at 1.5), e^-0.2, 1, 1
+    sampler_logp = collate(trajs, torch.zeros(4), trainer.tokenizer.pad_token_id).old_logp
+    metrics = trainer.learn(trajs)
+    [call] = calls  # one mini-batch, one micro-batch, in rollout order
+    keep = call["mask"] > 0
+    expected = torch.exp(call["old_logp"] - sampler_logp).clamp(max=1.5)  # min(pi_old / pi_sampler, C)
+    assert torch.allclose(call["is_weights"][keep], expected[keep])
+    assert (call["is_weights"][0][keep[0]] == 1.5).all()
+    assert torch.allclose(call["is_weights"][1][keep[1]], torch.tensor(math.exp(-0.2)), atol=1e-3)
+    assert torch.allclose(call["is_weights"][2:][keep[2:]], torch.tensor(1.0), atol=1e-3)
+    assert (call["is_weights"][~keep] == 1).all()
+    assert metrics["rollout_is/weight_max"] == pytest.approx(math.e, rel=1e-3)
+
+
+def test_sequence_rollout_is_masks_exactly_the_out_of_range_trajectories(cache_dir, tmp_path):
+    overrides = ["loss.beta=0", "trainer.micro_batch_size=4", "algo.old_logprobs=recompute", "algo.rollout_is=sequence"]
+    trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides), console=None)  # threshold 2: keep [0.5, 2]
+    calls = record_loss_calls(trainer)
+    _, trajs = trainer.sample_groups()
+    for traj, shift in zip(trajs, [0.8, -0.6, 0.6, -0.8]):  # sequence ratios about e^0.8, e^-0.6, e^0.6, e^-0.8
+        first = traj.action_mask.index(1)
+        traj.sampler_logprobs[first] -= shift
+    action = collate(trajs, torch.zeros(4), trainer.tokenizer.pad_token_id).mask
+    metrics = trainer.learn(trajs)
+    [call] = calls
+    assert call["mask"].sum(dim=1).tolist() == [0.0, action[1].sum().item(), action[2].sum().item(), 0.0]
+    assert "is_weights" not in call
+    assert metrics["rollout_is/masked_frac"] == 0.5
+
+
+def scripted_rewards(monkeypatch, rounds: list[list[float]]) -> None:
+    """Replace the trainer's scoring: the k-th call gives its trajectories the k-th list of rewards."""
+    queue = list(rounds)
+
+    def score_all(trajs, cfg):
+        for traj, reward in zip(trajs, queue.pop(0), strict=True):
+            traj.reward = reward
+
+    monkeypatch.setattr("minirl.trainer.score_all", score_all)
+
+
+def test_dynamic_sampling_drops_tied_groups_counts_them_and_refills(cache_dir, tmp_path, monkeypatch):
+    cfg = debug_config(cache_dir, tmp_path, "algo.dynamic_sampling=true", "algo.max_resample_rounds=2", "loss.beta=0")
+    trainer = Trainer(cfg, console=None)
+    # two groups of two per round: (tied, differs), (tied, tied), (differs, tied)
+    scripted_rewards(monkeypatch, [[1, 1, 0, 1], [0, 0, 2, 2], [0.5, 1, 3, 3]])
+    sampled, kept = trainer.sample_groups()
+    assert len(sampled) == 12
+    assert [id(t) for t in kept] == [id(t) for t in sampled[2:4] + sampled[8:10]]
+    assert group_metrics(sampled, kept, 2) == {
+        "reward/zero_std_frac": 4 / 6, "algo/groups_sampled": 6.0, "algo/groups_kept": 2.0
+    }  # fmt: skip
+
+    trainer.cfg.algo.max_resample_rounds = 0  # drop only: the batch ends short
+    scripted_rewards(monkeypatch, [[1, 1, 0, 1]])
+    sampled, kept = trainer.sample_groups()
+    assert [id(t) for t in kept] == [id(t) for t in sampled[2:4]]
+
+
+def test_a_step_whose_groups_all_tie_makes_no_update(cache_dir, tmp_path, monkeypatch):
+    cfg = debug_config(cache_dir, tmp_path, "algo.dynamic_sampling=true", "trainer.steps=1", "trainer.save_final=false")
+    monkeypatch.setattr("minirl.trainer.score_all", lambda trajs, cfg: None)  # every reward stays 0.0
+    trainer = Trainer(cfg, console=None)
+    trainer.fit()
+    [row] = step_rows(tmp_path)
+    assert row["algo/groups_kept"] == 0 and row["algo/groups_sampled"] == 2 and row["reward/zero_std_frac"] == 1.0
+    assert "loss/policy" not in row and not trainer.optimizer.state
+
+
+def test_overlong_mask_takes_truncated_trajectories_out_of_the_loss(cache_dir, tmp_path):
+    trainer = Trainer(debug_config(cache_dir, tmp_path, "algo.overlong=mask", "loss.beta=0"), console=None)
+    _, trajs = trainer.sample_groups()
+    reasons = [FinishReason.TURN_TOKENS, FinishReason.ANSWER, FinishReason.TOKEN_BUDGET, FinishReason.MAX_TURNS]
+    for traj, reason in zip(trajs, reasons):
+        traj.finish_reason = reason
+    batch = collate(trajs, torch.zeros(4), trainer.tokenizer.pad_token_id)
+    prepared, metrics = trainer.prepare_batch(batch, trajs, [torch.arange(4)])
+    assert prepared.mask.sum(dim=1).tolist() == [0.0, batch.mask[1].sum().item(), 0.0, batch.mask[3].sum().item()]
+    assert metrics == {} and batch.mask[0].sum() > 0
+
+
+def test_overlong_penalty_is_added_to_the_reward(cache_dir, tmp_path):
+    overrides = ["algo.overlong=penalty", "algo.overlong_buffer=8", "algo.overlong_penalty=0.5", "loss.beta=0"]
+    trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides), console=None)
+    task = Task(id="t", messages=[{"role": "user", "content": "?"}], tools=[], gt=[])
+    long_turn = Trajectory(task, 0, [1] * 10, response_ids=[5] * 20, action_mask=[1] * 20, sampler_logprobs=[0.0] * 20)
+    short_turn = Trajectory(task, 0, [1] * 10, response_ids=[5] * 9, action_mask=[1] * 9, sampler_logprobs=[0.0] * 9)
+    long_turn.reward = short_turn.reward = 1.0
+    trainer.punish_overlong([long_turn, short_turn])
+    # rollout.max_new_tokens is 24 (debug): 4 tokens were left, 4 of the 8-token buffer used: 0.5 * 4 / 8
+    assert long_turn.reward == pytest.approx(0.75) and long_turn.reward_terms == {"overlong_penalty": -0.25}
+    assert short_turn.reward == 1.0  # 15 tokens left, outside the buffer
+
+
+def test_train_with_the_off_policy_options_logs_their_metrics(cache_dir, tmp_path):
+    cfg = debug_config(
+        cache_dir, tmp_path, "trainer.ppo_epochs=2", "trainer.mini_batches=2", "algo.old_logprobs=recompute",
+        "algo.rollout_is=sequence", "algo.overlong=penalty", "algo.overlong_buffer=8", "trainer.save_final=false",
+    )  # fmt: skip
+    trainer = Trainer(cfg, console=None)
+    trainer.fit()
+    vocab = trainer.policy.get_output_embeddings().weight.shape[0]
+    rows = step_rows(tmp_path)
+    assert len(rows) == 2
+    for row in rows:
+        assert {"rollout_is/logp_gap_abs_mean", "rollout_is/weight_max", "rollout_is/masked_frac"} <= set(row)
+        assert row["rollout_is/logp_gap_abs_mean"] < 1e-3  # the HF engine and the trainer agree on CPU
+        assert row["reward/overlong_penalty"] <= 0.0 and 0.0 < row["entropy"] <= math.log(vocab)
+        assert 0.0 <= row["loss/clip_frac_low"] + row["loss/clip_frac_high"] == pytest.approx(row["loss/clip_frac"])

@@ -10,7 +10,11 @@ Every loss has the signature
     advantages  [B]     one advantage per trajectory, broadcast over its tokens
     mask        [B, T]  1 = token sampled by the policy; 0 = prompt, tool output, padding
 
-`cfg` is anything with `clip_low`, `clip_high`, `beta`, `kl_estimator` and `agg` (LossConfig).
+and an optional keyword `is_weights` [B, T]: sampler/trainer mismatch weights (algo.rollout_is=token,
+minirl/algos/rollout_correction.py) that multiply the per-token policy-gradient term, not the KL, as
+constants (verl's `rollout_is_weights`); None = all 1.
+`cfg` is anything with `clip_low`, `clip_high`, `beta`, `kl_estimator`, `agg` and `max_tokens_norm`
+(LossConfig).
 old_logp, ref_logp and advantages are treated as constants (detached): gradients flow only through
 logp. Masked-out positions never reach the result, but must hold finite numbers, since a NaN
 there would still poison the gradient through exp().
@@ -32,7 +36,9 @@ from minirl.registry import Registry
 @dataclass
 class LossOut:
     loss: Tensor  # [] scalar to call backward() on
-    metrics: dict[str, Tensor]  # name -> detached 0-dim tensor; loss/policy, loss/kl, loss/clip_frac, loss/ratio_mean
+    # name -> detached 0-dim tensor: loss/policy, loss/kl, loss/clip_frac (= clip_frac_low + clip_frac_high),
+    # loss/ratio_mean
+    metrics: dict[str, Tensor]
 
 
 class LossSettings(Protocol):
@@ -41,6 +47,7 @@ class LossSettings(Protocol):
     beta: float
     kl_estimator: str
     agg: str
+    max_tokens_norm: int
 
 
 # -- aggregation -------------------------------------------------------------------------------
@@ -48,38 +55,59 @@ class LossSettings(Protocol):
 
 @dataclass(frozen=True)
 class Aggregation:
-    reduce: Callable[[Tensor, Tensor], Tensor]  # (values [B, T] zero where masked, keep [B, T] bool) -> []
+    # (values [B, T] zero where masked, keep [B, T] bool, max_tokens_norm) -> []; every mode is a sum of
+    # per-row terms divided by units(keep), so micro-batch losses weighted by their share of the units add up
+    # to the full batch's loss exactly (micro_batch_share)
+    reduce: Callable[[Tensor, Tensor, int], Tensor]
     units: Callable[[Tensor], Tensor]  # keep [B, T] bool -> [] how many things the mean divides by
 
 
 AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation")
 
 
+def _tokens(keep: Tensor) -> Tensor:  # [B, T] bool -> [] sampled tokens
+    return keep.sum()
+
+
+def _sequences(keep: Tensor) -> Tensor:  # [B, T] bool -> [] trajectories with at least one sampled token
+    return (keep.sum(dim=1) > 0).sum()
+
+
 def _token_mean(
     values: Tensor,  # [B, T] already zero where mask == 0
     keep: Tensor,  # [B, T] bool
+    max_tokens_norm: int,  # unused
 ) -> Tensor:  # []
-    return values.sum() / keep.sum().clamp(min=1)
+    return values.sum() / _tokens(keep).clamp(min=1)
 
 
-def _seq_mean_token_mean(values: Tensor, keep: Tensor) -> Tensor:  # [B, T], [B, T] -> []
-    per_seq = keep.sum(dim=1)  # [B]
-    seq_means = values.sum(dim=1) / per_seq.clamp(min=1)  # [B], 0 for empty rows
-    return seq_means.sum() / (per_seq > 0).sum().clamp(min=1)
+def _seq_mean_token_mean(values: Tensor, keep: Tensor, max_tokens_norm: int) -> Tensor:  # [B, T], [B, T], unused
+    seq_means = values.sum(dim=1) / keep.sum(dim=1).clamp(min=1)  # [B], 0 for empty rows
+    return seq_means.sum() / _sequences(keep).clamp(min=1)
+
+
+def _seq_mean_token_sum_norm(values: Tensor, keep: Tensor, max_tokens_norm: int) -> Tensor:  # [B, T], [B, T], C
+    if max_tokens_norm <= 0:
+        raise ValueError(f"seq-mean-token-sum-norm needs loss.max_tokens_norm > 0, got {max_tokens_norm}")
+    return values.sum() / (max_tokens_norm * _sequences(keep).clamp(min=1))
 
 
 # Every sampled token weighs the same (DAPO, arXiv 2503.14476): long answers count more.
-AGGREGATIONS.register("token-mean")(Aggregation(_token_mean, lambda keep: keep.sum()))
-# Every trajectory weighs the same (original GRPO); trajectories with no sampled token are skipped.
-AGGREGATIONS.register("seq-mean-token-mean")(
-    Aggregation(_seq_mean_token_mean, lambda keep: (keep.sum(dim=1) > 0).sum())
-)
+AGGREGATIONS.register("token-mean")(Aggregation(_token_mean, _tokens))
+# Every trajectory weighs the same (original GRPO): a token of a short answer counts more than one of a
+# long answer. Trajectories with no sampled token are skipped.
+AGGREGATIONS.register("seq-mean-token-mean")(Aggregation(_seq_mean_token_mean, _sequences))
+# Dr. GRPO (arXiv 2503.20783): each trajectory's token sum over one constant C = max_tokens_norm, then the mean
+# over trajectories, i.e. sum / (S * C) for S non-empty trajectories: every token weighs the same whatever its
+# trajectory's length, and unlike token-mean that weight does not shrink when the batch's answers grow.
+AGGREGATIONS.register("seq-mean-token-sum-norm")(Aggregation(_seq_mean_token_sum_norm, _sequences))
 
 
 def aggregate(
     per_token: Tensor,  # [B, T]
     mask: Tensor,  # [B, T] 1 = counts, 0 = ignored
-    mode: str,  # AGGREGATIONS key: token-mean | seq-mean-token-mean
+    mode: str,  # AGGREGATIONS key: token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+    max_tokens_norm: int = 0,  # the constant C of seq-mean-token-sum-norm; the other modes ignore it
 ) -> Tensor:  # [] 0 (not NaN) when the mask is all zero
     """The one masked reduction every loss and metric goes through. Unknown mode -> ConfigError."""
     if per_token.shape != mask.shape or per_token.dim() != 2:
@@ -87,7 +115,7 @@ def aggregate(
     reduce = AGGREGATIONS.get(mode).reduce
     keep = mask > 0
     # where, not multiply: padding * 0 would still be NaN if padding held inf
-    return reduce(torch.where(keep, per_token, torch.zeros_like(per_token)), keep)
+    return reduce(torch.where(keep, per_token, torch.zeros_like(per_token)), keep, max_tokens_norm)
 
 
 def micro_batch_share(
@@ -126,8 +154,12 @@ def _finish(
     ref_logp: Tensor | None,  # [B, T]
     mask: Tensor,  # [B, T]
     cfg: LossSettings,
+    is_weights: Tensor | None = None,  # [B, T] rollout IS weights on the policy-gradient term; None = 1
 ) -> LossOut:
-    """Add beta * KL per token, aggregate, and collect the metrics shared by every loss."""
+    """Weigh by the rollout IS weights, add beta * KL per token, aggregate, and collect the metrics shared
+    by every loss."""
+    if is_weights is not None:
+        pg = pg * is_weights.detach()
     per_token = pg
     kl_metric = pg.new_zeros(())
     if cfg.beta > 0:
@@ -135,15 +167,34 @@ def _finish(
             raise ValueError("loss.beta > 0 needs ref_logp from the reference model")
         kl = KL_ESTIMATORS.get(cfg.kl_estimator)(logp, ref_logp.detach())  # [B, T]
         per_token = pg + cfg.beta * kl  # we minimise -J + beta * KL(pi || pi_ref)
-        kl_metric = aggregate(kl.detach(), mask, cfg.agg)
+        kl_metric = aggregate(kl.detach(), mask, cfg.agg, cfg.max_tokens_norm)
     metrics = {
-        "loss/policy": aggregate(pg.detach(), mask, cfg.agg),
+        "loss/policy": aggregate(pg.detach(), mask, cfg.agg, cfg.max_tokens_norm),
         "loss/kl": kl_metric,
         # shares of sampled tokens, whatever cfg.agg weighs the loss by
         "loss/clip_frac": aggregate(clipped.to(pg.dtype), mask, "token-mean"),
+        # a bound 1 - clip_low <= 1 binds below ratio 1, a bound 1 + clip_high >= 1 above it
+        "loss/clip_frac_low": aggregate((clipped & (ratio < 1)).to(pg.dtype), mask, "token-mean"),
+        "loss/clip_frac_high": aggregate((clipped & (ratio > 1)).to(pg.dtype), mask, "token-mean"),
         "loss/ratio_mean": aggregate(ratio.detach(), mask, "token-mean"),
     }
-    return LossOut(loss=aggregate(per_token, mask, cfg.agg), metrics=metrics)
+    return LossOut(loss=aggregate(per_token, mask, cfg.agg, cfg.max_tokens_norm), metrics=metrics)
+
+
+def _ppo_clip(
+    ratio: Tensor,  # [B, T] importance ratio pi_theta / pi_old (carries the gradient)
+    a: Tensor,  # [B, 1] advantages
+    cfg: LossSettings,
+) -> tuple[Tensor, Tensor]:  # per-token loss [B, T], where the clip binds [B, T] bool
+    """PPO's clipped surrogate, negated since we minimise: -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A).
+
+    The clip binds on one side only: r > 1 + clip_high when A > 0, r < 1 - clip_low when A < 0; there the
+    token gets no gradient.
+    """
+    low, high = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
+    surrogate = torch.minimum(ratio * a, ratio.clamp(low, high) * a)
+    clipped = ((a > 0) & (ratio > high)) | ((a < 0) & (ratio < low))
+    return -surrogate, clipped
 
 
 @LOSSES.register("grpo")
@@ -154,20 +205,52 @@ def grpo_loss(
     advantages: Tensor,  # [B]
     mask: Tensor,  # [B, T] float, 1 = sampled by the policy
     cfg: LossSettings,
+    is_weights: Tensor | None = None,  # [B, T] rollout IS weights on the policy-gradient term; None = 1
 ) -> LossOut:
-    """PPO clipped surrogate per token (GRPO, arXiv 2402.03300; asymmetric clip as in DAPO).
+    """PPO clipped surrogate per token (PPO arXiv 1707.06347, GRPO arXiv 2402.03300; the asymmetric clip
+    clip_high > clip_low is DAPO's clip-higher, arXiv 2503.14476).
 
     J_t = min(r_t A, clip(r_t, 1 - clip_low, 1 + clip_high) A), r_t = pi_theta / pi_old; we minimise -J.
-    The clip binds on one side only: r > 1 + clip_high when A > 0, r < 1 - clip_low when A < 0;
-    there the token gets no gradient.
+    This is PPO's policy loss (verl's "vanilla"); with no value model the advantage comes from algo.adv_estimator.
     """
     _check_shapes(logp, old_logp, ref_logp, advantages, mask)
     a = advantages.detach().unsqueeze(1)  # [B, 1]
     ratio = torch.exp(logp - old_logp.detach())  # [B, T]
-    low, high = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
-    surrogate = torch.minimum(ratio * a, ratio.clamp(low, high) * a)
-    clipped = ((a > 0) & (ratio > high)) | ((a < 0) & (ratio < low))
-    return _finish(-surrogate, ratio, clipped, logp, ref_logp, mask, cfg)
+    pg, clipped = _ppo_clip(ratio, a, cfg)
+    return _finish(pg, ratio, clipped, logp, ref_logp, mask, cfg, is_weights)
+
+
+@LOSSES.register("gspo")
+def gspo_loss(
+    logp: Tensor,  # [B, T]
+    old_logp: Tensor,  # [B, T]
+    ref_logp: Tensor | None,  # [B, T]; None iff beta == 0
+    advantages: Tensor,  # [B]
+    mask: Tensor,  # [B, T]
+    cfg: LossSettings,
+    is_weights: Tensor | None = None,  # [B, T] rollout IS weights on the policy-gradient term; None = 1
+) -> LossOut:
+    """GSPO (arXiv 2507.18071): one importance ratio per sequence, the geometric mean of its token ratios
+    s_i = exp(mean over i's sampled tokens of (log pi_theta - log pi_old)), in PPO's clipped surrogate
+    J_i = min(s_i A_i, clip(s_i, 1 - clip_low, 1 + clip_high) A_i); we minimise -J.
+
+    Written in the paper's GSPO-token form (as verl does) so that it goes through the shared per-token
+    aggregation: token t of sequence i carries s_it = sg(s_i) * pi_theta(y_t) / sg(pi_theta(y_t)), whose value
+    is s_i and whose gradient d s_it / d log pi_theta(y_t) is s_i. With one advantage per sequence this equals
+    the plain form in value and gradient under every aggregation (each weighs a sequence's tokens alike, and
+    d s_i / d log pi_theta(y_t) = s_i / |y_i|). With agg=seq-mean-token-mean (conf/loss/gspo.yaml) the loss is
+    the paper's (1/G) sum_i J_i; token-mean weighs a sequence by its length instead. The clip is decided per
+    sequence: a clipped sequence gives none of its tokens a gradient, and loss/clip_frac counts the tokens of
+    clipped sequences. Since s_i is a per-token geometric mean, the paper's range is tiny (3e-4, 4e-4).
+    """
+    _check_shapes(logp, old_logp, ref_logp, advantages, mask)
+    a = advantages.detach().unsqueeze(1)  # [B, 1]
+    keep = mask > 0
+    token_log_ratio = torch.where(keep, logp - old_logp.detach(), torch.zeros_like(logp))  # [B, T]
+    seq_log_ratio = token_log_ratio.sum(dim=1) / keep.sum(dim=1).clamp(min=1)  # [B] log s_i; 0 for an empty row
+    ratio = torch.exp(seq_log_ratio.detach().unsqueeze(1) + logp - logp.detach())  # [B, T] value s_i, grad s_i
+    pg, clipped = _ppo_clip(ratio, a, cfg)
+    return _finish(pg, ratio, clipped, logp, ref_logp, mask, cfg, is_weights)
 
 
 @LOSSES.register("cispo")
@@ -178,18 +261,21 @@ def cispo_loss(
     advantages: Tensor,  # [B]
     mask: Tensor,  # [B, T]
     cfg: LossSettings,
+    is_weights: Tensor | None = None,  # [B, T] rollout IS weights on the policy-gradient term; None = 1
 ) -> LossOut:
-    """CISPO (MiniMax-M1, arXiv 2506.13585): J_t = sg(min(r_t, 1 + clip_high)) A log pi_theta; we minimise -J.
+    """CISPO (MiniMax-M1, arXiv 2506.13585, Eq. 4-5): J_t = sg(clip(r_t, 1 - clip_low, 1 + clip_high)) A log pi_theta;
+    we minimise -J.
 
     Unlike PPO's clip, which drops the gradient of clipped tokens (often the rare "reflection"
     tokens that matter), CISPO clips only the importance-sampling weight, so every token keeps a
-    gradient of magnitude <= (1 + clip_high) |A|. The paper has no lower bound on the weight in
-    practice (a very large eps_low), hence none here; clip_low is unused.
+    gradient of magnitude <= (1 + clip_high) |A|. The paper imposes no lower bound in practice (it sets
+    eps_low large); conf/loss/cispo.yaml does the same with clip_low: 1.0, where the bound 1 - clip_low = 0
+    never binds since r > 0. TRL's loss_type="cispo" clamps from above only, at epsilon_high = 1 + clip_high.
     """
     _check_shapes(logp, old_logp, ref_logp, advantages, mask)
     a = advantages.detach().unsqueeze(1)  # [B, 1]
     ratio = torch.exp(logp.detach() - old_logp.detach())  # [B, T] no gradient: a weight, not a path
-    high = 1.0 + cfg.clip_high
-    weight = ratio.clamp(max=high)
+    low, high = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
+    weight = ratio.clamp(low, high)
     pg = -(weight * a * logp)  # d pg / d logp = -weight * A
-    return _finish(pg, ratio, ratio > high, logp, ref_logp, mask, cfg)
+    return _finish(pg, ratio, (ratio > high) | (ratio < low), logp, ref_logp, mask, cfg, is_weights)
