@@ -273,10 +273,16 @@ class DataConfig:
     train_size: int = 2000
     heldout_size: int = 64
     seed: int = 0
+    # synthetic datasets: wordings of the RL and held-out questions; the warm start only ever sees
+    # the "core" ones, so "unseen" makes RL generalise to new wordings (all | unseen | core)
+    phrasings: str = "all"
 
     def __post_init__(self) -> None:
+        from minirl.data.generation import PHRASING_SETS  # not at the top: minirl.data imports this module
+
         _check(self.train_size > 0, "data.train_size", "must be > 0")
         _check(self.heldout_size > 0, "data.heldout_size", "must be > 0")
+        _check(self.phrasings in PHRASING_SETS, "data.phrasings", f"must be one of {', '.join(PHRASING_SETS)}")
 
 
 class LRSchedule(str, Enum):

@@ -1,10 +1,10 @@
 import json
-from types import SimpleNamespace
+import re
 
 import pytest
 
-from minirl.config import Config, SFTConfig
-from minirl.data import DATASETS, WARM_START_CORPORA, DataError, Task, load_jsonl
+from minirl.config import Config, DataConfig, SFTConfig
+from minirl.data import DATASETS, WARM_START_CORPORA, DataError, Task, load_jsonl, synthetic_tools
 from minirl.data.generation import prompt_text
 from minirl.data.jsonl import write_jsonl
 from minirl.data.synthetic_tools import GENERATOR, rl_rows, sft_rows, train_heldout_split
@@ -22,9 +22,8 @@ def rl_tasks() -> list[Task]:
     return [task_from_row(row, f"rl[{i}]") for i, row in enumerate(rl_rows(400, seed=7))]
 
 
-def config(**overrides) -> SimpleNamespace:
-    fields = {"path": None, "heldout_path": None, "train_size": 40, "heldout_size": 8, "seed": 0}
-    return SimpleNamespace(**{**fields, **overrides})
+def config(**overrides) -> DataConfig:
+    return DataConfig(**{"train_size": 40, "heldout_size": 8, **overrides})
 
 
 CALL = {"name": "calculate_math", "arguments": {"expression": "2 + 2"}}
@@ -74,6 +73,35 @@ def test_sft_rows_exclude_heldout_prompts_and_extra_phrasings():
     assert all(any(marker in prompt for prompt in rl_prompts) for marker in EXTRA_MARKERS)
 
 
+def _template_pattern(template: str) -> re.Pattern[str]:
+    return re.compile(re.sub(r"\\\{\w+\\\}", ".+", re.escape(template)))
+
+
+def _core_wording(task: Task) -> bool:
+    """Whether the task's question fits one of the warm start's wordings for its kind and topic."""
+    if task.kind == "double":
+        templates = synthetic_tools._CONNECTORS.core
+    elif task.kind == "single":
+        tool = task.reference[0]["tool_calls"][0]["function"]["name"]
+        templates = synthetic_tools._TOPICS[tool].question.core
+    else:
+        templates = [t for topic in synthetic_tools._RECALL_TOPICS for t in topic.question.core]
+    return any(_template_pattern(t).fullmatch(prompt_text(task)) for t in templates)
+
+
+def test_unseen_phrasings_give_rl_tasks_worded_unlike_any_warm_start_row():
+    train, heldout = GENERATOR.train_heldout_split(300, 64, seed=0, phrasings="unseen")
+    worded = [t for t in train + heldout if t.kind != "no_tool" or t.gt]  # greetings have one wording
+    assert len(worded) > 300 and not [prompt_text(t) for t in worded if _core_wording(t)]
+    _, seen = GENERATOR.train_heldout_split(300, 64, seed=0, phrasings="all")
+    assert sum(map(_core_wording, seen)) > 20  # the check can fail
+
+
+def test_a_phrasing_set_outside_the_known_ones_fails_at_start_up():
+    with pytest.raises(ConfigError, match="data.phrasings: must be one of core, all, unseen"):
+        DataConfig(phrasings="extra")
+
+
 def test_family_mix_is_roughly_as_asked():
     sft = [row["kind"] for row in sft_rows(1000, seed=1, exclude_prompts=set())]
     rl = [row["kind"] for row in rl_rows(1000, seed=1)]
@@ -118,7 +146,7 @@ def test_double_calls_share_one_assistant_turn(rl_tasks):
 
 def test_a_too_small_prompt_space_fails_clearly():
     with pytest.raises(DataError, match="distinct synthetic prompts"):
-        GENERATOR.generate(500, 0, set(), {"no_tool": 1.0}, with_extra=False, unique=True)
+        GENERATOR.generate(500, 0, set(), {"no_tool": 1.0}, phrasings="core", unique=True)
 
 
 # -- task rows ----------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ messages and answers are exactly what the real code interpreter prints."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -34,9 +33,8 @@ def rl_tasks() -> list[Task]:
     return [task_from_row(row, f"rl[{i}]") for i, row in enumerate(GENERATOR.rl_rows(300, seed=7))]
 
 
-def config(**overrides) -> SimpleNamespace:
-    fields = {"path": None, "heldout_path": None, "train_size": 500, "heldout_size": 64, "seed": 0}
-    return SimpleNamespace(**{**fields, **overrides})
+def config(**overrides) -> DataConfig:
+    return DataConfig(**{"train_size": 500, "heldout_size": 64, **overrides})
 
 
 def test_generation_is_deterministic_per_seed():

@@ -27,6 +27,7 @@ class DatasetConfig(Protocol):
     train_size: int
     heldout_size: int
     seed: int
+    phrasings: str
 
 
 DatasetLoader = Callable[[DatasetConfig], tuple[list[Task], list[Task]]]
@@ -36,13 +37,13 @@ DATASETS: Registry[DatasetLoader] = Registry("dataset")
 @DATASETS.register("synthetic_tools")
 def synthetic_tools_dataset(cfg: DatasetConfig) -> tuple[list[Task], list[Task]]:
     """Generated tool tasks; train and held-out never share a prompt."""
-    return synthetic_tools.GENERATOR.train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed)
+    return synthetic_tools.GENERATOR.train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed, cfg.phrasings)
 
 
 @DATASETS.register("synthetic_math")
 def synthetic_math_dataset(cfg: DatasetConfig) -> tuple[list[Task], list[Task]]:
     """Generated math tasks for the code interpreter; train and held-out never share a prompt."""
-    return synthetic_math.GENERATOR.train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed)
+    return synthetic_math.GENERATOR.train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed, cfg.phrasings)
 
 
 @DATASETS.register("jsonl")

@@ -7,8 +7,9 @@ episode becomes a row; `RowGenerator` does the rest:
     GENERATOR = RowGenerator("my_dataset", families, to_row, sft_mix, rl_mix)
     train, heldout = GENERATOR.train_heldout_split(2000, 64, seed=0)
 
-Warm-start (SFT) rows use core phrasings only and may repeat a prompt; RL rows use core and
-extra phrasings and never repeat one. All randomness comes from `random.Random(seed)`.
+Warm-start (SFT) rows use core phrasings only and may repeat a prompt; RL rows use a chosen
+phrasing set (`data.phrasings`: all, or only the unseen extra ones) and never repeat one. All
+randomness comes from `random.Random(seed)`.
 """
 
 from __future__ import annotations
@@ -27,13 +28,21 @@ _MIN_PICKS = 100
 
 @dataclass(frozen=True)
 class Phrasings:
-    """Ways to word one question: the warm start sees only `core`, RL sees `core` and `extra`."""
+    """Ways to word one question: the warm start sees only `core`; `extra` ones are never in it."""
 
     core: tuple[str, ...]
     extra: tuple[str, ...]
 
-    def pick(self, rng: random.Random, with_extra: bool) -> str:
-        return rng.choice(self.core + self.extra if with_extra else self.core)
+    def pick(self, rng: random.Random, phrasing_set: str) -> str:
+        return rng.choice(PHRASING_SETS[phrasing_set](self))
+
+
+# which phrasings a split draws from; the warm start always uses "core"
+PHRASING_SETS: dict[str, Callable[[Phrasings], tuple[str, ...]]] = {
+    "core": lambda p: p.core,  # the warm start's own wordings
+    "all": lambda p: p.core + p.extra,  # seen and unseen wordings
+    "unseen": lambda p: p.extra,  # only wordings the warm start never saw: RL must generalise
+}
 
 
 class Episode(Protocol):
@@ -54,15 +63,15 @@ class RowGenerator(Generic[E]):
     """Rows of one synthetic dataset, drawn family by family from a seed."""
 
     name: str  # the dataset's name, in error locations
-    families: Mapping[str, Callable[[random.Random, bool], E]]  # kind -> draw(rng, with_extra)
+    families: Mapping[str, Callable[[random.Random, str], E]]  # kind -> draw(rng, phrasing set)
     to_row: Callable[[random.Random, str, E], dict]  # (rng, kind, episode) -> row in the agent-RL format
     sft_mix: Mapping[str, float]  # share of each kind in warm-start rows
     rl_mix: Mapping[str, float]  # share of each kind in RL rows
 
-    def _fresh_episode(self, rng: random.Random, kind: str, with_extra: bool, taken: Collection[str]) -> E | None:
+    def _fresh_episode(self, rng: random.Random, kind: str, phrasings: str, taken: Collection[str]) -> E | None:
         """A draw from one family whose prompt is not taken; None when _TRIES_PER_ROW draws all were."""
         for _ in range(_TRIES_PER_ROW):
-            episode = self.families[kind](rng, with_extra)
+            episode = self.families[kind](rng, phrasings)
             if episode.user not in taken:
                 return episode
         return None
@@ -73,7 +82,7 @@ class RowGenerator(Generic[E]):
         seed: int,
         exclude_prompts: Collection[str],
         mix: Mapping[str, float],
-        with_extra: bool,
+        phrasings: str,
         unique: bool,
     ) -> list[dict]:
         """n rows, each from a family drawn from `mix`, with a prompt not in `exclude_prompts` (nor,
@@ -91,7 +100,7 @@ class RowGenerator(Generic[E]):
                 )
             picks += 1
             kind = rng.choices(list(mix), weights=list(mix.values()))[0]
-            episode = self._fresh_episode(rng, kind, with_extra, taken)
+            episode = self._fresh_episode(rng, kind, phrasings, taken)
             if episode is None:
                 continue
             if unique:
@@ -101,16 +110,21 @@ class RowGenerator(Generic[E]):
 
     def sft_rows(self, n: int, seed: int, exclude_prompts: Collection[str]) -> list[dict]:
         """Warm-start rows: core phrasings only, kinds drawn from `sft_mix`, no prompt in `exclude_prompts`."""
-        return self.generate(n, seed, exclude_prompts, self.sft_mix, with_extra=False, unique=False)
+        return self.generate(n, seed, exclude_prompts, self.sft_mix, phrasings="core", unique=False)
 
-    def rl_rows(self, n: int, seed: int, exclude_prompts: Collection[str] = frozenset()) -> list[dict]:
-        """RL rows: all phrasings, kinds drawn from `rl_mix`, distinct prompts none of which is excluded."""
-        return self.generate(n, seed, exclude_prompts, self.rl_mix, with_extra=True, unique=True)
+    def rl_rows(
+        self, n: int, seed: int, exclude_prompts: Collection[str] = frozenset(), phrasings: str = "all"
+    ) -> list[dict]:
+        """RL rows: `phrasings` (a PHRASING_SETS key), kinds drawn from `rl_mix`, distinct prompts
+        none of which is excluded."""
+        return self.generate(n, seed, exclude_prompts, self.rl_mix, phrasings, unique=True)
 
-    def train_heldout_split(self, train_size: int, heldout_size: int, seed: int) -> tuple[list[Task], list[Task]]:
+    def train_heldout_split(
+        self, train_size: int, heldout_size: int, seed: int, phrasings: str = "all"
+    ) -> tuple[list[Task], list[Task]]:
         """(train, held-out) RL tasks; held-out uses seed + 1 and no train prompt equals a held-out one."""
-        heldout = self.rl_rows(heldout_size, seed + 1)
-        train = self.rl_rows(train_size, seed, exclude_prompts={prompt_text(row) for row in heldout})
+        heldout = self.rl_rows(heldout_size, seed + 1, phrasings=phrasings)
+        train = self.rl_rows(train_size, seed, {prompt_text(row) for row in heldout}, phrasings)
         return self._tasks(train, "train"), self._tasks(heldout, "heldout")
 
     def _tasks(self, rows: list[dict], split: str) -> list[Task]:

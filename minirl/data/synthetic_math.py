@@ -55,9 +55,9 @@ class _Family:
     code: str  # reference Python over the fields
     answer: Callable[[dict[str, Any]], int]  # what the code prints, computed here
 
-    def draw(self, rng: random.Random, with_extra: bool) -> _Problem:
+    def draw(self, rng: random.Random, phrasings: str) -> _Problem:
         fields = self.sample(rng)
-        question = self.question.pick(rng, with_extra).format(**fields)
+        question = self.question.pick(rng, phrasings).format(**fields)
         return _Problem(user=question, code=self.code.format(**fields), answer=str(self.answer(fields)))
 
 

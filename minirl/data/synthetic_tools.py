@@ -363,13 +363,13 @@ def _tool_episode(rng: random.Random, user: str, calls: list[tuple[str, dict[str
     )
 
 
-def _single(rng: random.Random, with_extra: bool) -> _Episode:
+def _single(rng: random.Random, phrasings: str) -> _Episode:
     name = rng.choice(MINIMIND_TOOL_NAMES)
     fields = _TOPICS[name].sample(rng)
-    return _tool_episode(rng, _TOPICS[name].question.pick(rng, with_extra).format(**fields), [(name, fields)])
+    return _tool_episode(rng, _TOPICS[name].question.pick(rng, phrasings).format(**fields), [(name, fields)])
 
 
-def _double(rng: random.Random, with_extra: bool) -> _Episode:
+def _double(rng: random.Random, phrasings: str) -> _Episode:
     first = rng.choice(MINIMIND_TOOL_NAMES)
     others = [name for name in MINIMIND_TOOL_NAMES if name != first]
     second = first if rng.random() < _SAME_TOOL_TWICE else rng.choice(others)
@@ -378,12 +378,12 @@ def _double(rng: random.Random, with_extra: bool) -> _Episode:
     while second_fields == first_fields:  # one tool twice asks about two different things
         second_fields = _TOPICS[second].sample(rng)
     calls = [(first, first_fields), (second, second_fields)]
-    first_clause, second_clause = (_TOPICS[name].clause.pick(rng, with_extra).format(**f) for name, f in calls)
-    user = _CONNECTORS.pick(rng, with_extra).format(first=first_clause, second=second_clause)
+    first_clause, second_clause = (_TOPICS[name].clause.pick(rng, phrasings).format(**f) for name, f in calls)
+    user = _CONNECTORS.pick(rng, phrasings).format(first=first_clause, second=second_clause)
     return _tool_episode(rng, user, calls)
 
 
-def _no_tool(rng: random.Random, with_extra: bool) -> _Episode:
+def _no_tool(rng: random.Random, phrasings: str) -> _Episode:
     if rng.random() < _GREETING_SHARE:
         user, answer = rng.choice(_GREETINGS)
         gt = []
@@ -391,7 +391,7 @@ def _no_tool(rng: random.Random, with_extra: bool) -> _Episode:
         topic = rng.choice(_RECALL_TOPICS)
         country, capital = rng.choice(_CAPITALS)
         fields = {"country": country, "capital": capital}
-        user, answer = topic.question.pick(rng, with_extra).format(**fields), topic.answer.format(**fields)
+        user, answer = topic.question.pick(rng, phrasings).format(**fields), topic.answer.format(**fields)
         gt = [fields[topic.gt_key]]
     return _Episode(user=user, needed=[], reference=[{"role": "assistant", "content": answer}], gt=gt)
 
