@@ -37,7 +37,14 @@ def cache_key(cfg: Config) -> str:
     settings = {
         "tiny": dataclasses.asdict(cfg.model.tiny),
         "sft": dataclasses.asdict(cfg.sft),
-        "data": [cfg.data.name, cfg.data.seed, cfg.data.train_size, cfg.data.heldout_size, cfg.data.path, cfg.data.phrasings],
+        "data": [
+            cfg.data.name,
+            cfg.data.seed,
+            cfg.data.train_size,
+            cfg.data.heldout_size,
+            cfg.data.path,
+            cfg.data.phrasings,
+        ],
     }
     h.update(json.dumps(settings, sort_keys=True, default=str).encode())
     for package, name in [*_SOURCES, *WARM_START_CORPORA.get(cfg.sft.corpus).sources]:
