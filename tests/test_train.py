@@ -71,6 +71,9 @@ def test_beta_zero_loads_no_reference_model(cache_dir, tmp_path):
     trainer = Trainer(debug_config(cache_dir, tmp_path, "loss.beta=0"), console=None)
     assert trainer.reference is None
     assert Trainer(debug_config(cache_dir, tmp_path), console=None).reference is not None
+    # KL in the reward needs the reference even with no KL term in the loss
+    in_reward = Trainer(debug_config(cache_dir, tmp_path, "loss.beta=0", "algo.kl_in_reward=true"), console=None)
+    assert in_reward.reference is not None
 
 
 def test_multirun_sweeps_two_losses(cache_dir, tmp_path):
