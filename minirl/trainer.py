@@ -367,10 +367,10 @@ class Trainer:
             micro = batch.rows(micro_rows).to(self.device)
             dist = sampling_logprobs(self.policy, micro, *self.distribution)  # [b, T, V]
             logp = target_logprobs(dist, micro)  # [b, T]
-            weights = {} if micro.is_weights is None else {"is_weights": micro.is_weights}
             out = self.loss_fn(
-                logp, micro.old_logp, micro.ref_logp, micro.advantages, micro.mask, self.cfg.loss, **weights
-            )
+                logp, micro.old_logp, micro.ref_logp, micro.advantages, micro.mask, self.cfg.loss,
+                is_weights=micro.is_weights,
+            )  # fmt: skip
             share = micro_batch_share(micro.mask, mask, self.cfg.loss.agg)
             (out.loss * share).backward()
             for key, value in out.metrics.items():
