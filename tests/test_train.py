@@ -106,11 +106,11 @@ def test_retool_recipe_runs_end_to_end_with_the_sandbox(cache_dir, tmp_path):
 
 
 def record_loss_calls(trainer: Trainer) -> list[dict[str, torch.Tensor]]:
-    """Wrap the trainer's loss so every call's inputs are kept (detached copies)."""
+    """Wrap the trainer's loss so every call's inputs are kept (detached copies; keyword inputs left None are not)."""
     calls, loss_fn = [], trainer.loss_fn
 
     def recording(logp, old_logp, ref_logp, advantages, mask, cfg, **kwargs):
-        seen = {"logp": logp, "old_logp": old_logp, "mask": mask, **kwargs}
+        seen = {"logp": logp, "old_logp": old_logp, "mask": mask, **{k: v for k, v in kwargs.items() if v is not None}}
         calls.append({k: v.detach().clone() for k, v in seen.items()})
         return loss_fn(logp, old_logp, ref_logp, advantages, mask, cfg, **kwargs)
 
