@@ -127,7 +127,7 @@ def sft_examples(tokenizer, cfg: Config) -> list[SFTExample]:
     from minirl.data import DATASETS, WARM_START_CORPORA
     from minirl.data.task import task_from_row
 
-    _, heldout = DATASETS.get(cfg.data.name)(cfg.data)
+    heldout = DATASETS.get(cfg.data.name)(cfg.data).heldout
     exclude = {t.messages[-1]["content"] for t in heldout}
     rows = WARM_START_CORPORA.get(cfg.sft.corpus).sft_rows(cfg.sft.rows, cfg.sft.seed, exclude)
     tasks = [task_from_row(row, f"sft[{i}]") for i, row in enumerate(rows)]

@@ -1,14 +1,16 @@
 import json
+import logging
 import re
+from dataclasses import replace
 
 import pytest
 
-from minirl.config import Config, DataConfig, SFTConfig
-from minirl.data import DATASETS, WARM_START_CORPORA, DataError, Task, load_jsonl, synthetic_tools
+from minirl.config import Config, DataConfig, OnError, SFTConfig
+from minirl.data import DATASETS, WARM_START_CORPORA, DataError, Dataset, Task, load_jsonl, synthetic_tools
 from minirl.data.generation import prompt_text
 from minirl.data.jsonl import write_jsonl
 from minirl.data.synthetic_tools import GENERATOR, rl_rows, sft_rows, train_heldout_split
-from minirl.data.task import task_from_row
+from minirl.data.task import MAX_GT_VALUES, MAX_MESSAGES, task_from_row
 from minirl.protocol.parsing import ToolCall
 from minirl.registry import ConfigError
 from minirl.tools import MINIMIND_TOOL_NAMES, ToolExecutor, build_tools
@@ -211,21 +213,80 @@ def with_calls(tool_calls) -> dict:
     return with_message(2, {"role": "assistant", "content": "", "tool_calls": tool_calls})
 
 
+def with_parameters(parameters) -> dict:
+    return with_tools([{"type": "function", "function": {"name": "calculate_math", "parameters": parameters}}])
+
+
+SCHEMA = build_tools(["calculate_math"])["calculate_math"].schema()
+USER = {"role": "user", "content": "hi"}
+
 BAD_ROWS = {
-    "missing gt": ({k: v for k, v in tool_row().items() if k != "gt"}, "missing 'gt'"),
-    "gt not a list": (tool_row(gt="4"), "'gt' must be a list"),
-    "gt holds an object": (tool_row(gt=[{"a": 1}]), "is not a string or number"),
-    "no conversations": ({"gt": []}, "'conversations' must be a non-empty list"),
-    "unknown role": (with_message(1, {"role": "human", "content": "hi"}), "message 1: unknown role 'human'"),
+    "not an object": ([tool_row()], "a row must be a JSON object with 'conversations' and 'gt', got array"),
+    "missing gt": ({k: v for k, v in tool_row().items() if k != "gt"}, "missing 'gt' (a list of the values"),
+    "gt not a list": (tool_row(gt="4"), "'gt' must be a list of strings or numbers, got string"),
+    "gt holds an object": (tool_row(gt=["4", {"a": 1}]), "gt[1] must be a string or a number, got object"),
+    "gt holds a boolean": (tool_row(gt=[True]), "gt[0] must be a string or a number, got boolean"),
+    "gt not finite": (tool_row(gt=[float("nan")]), "gt[0] must be a finite number, got nan"),
+    "gt blank": (tool_row(gt=[" "]), "gt[0] is blank; expected a value a correct answer contains"),
+    "huge gt": (tool_row(gt=list(range(MAX_GT_VALUES + 1))), "'gt' has 65 values, more than MAX_GT_VALUES=64"),
+    "no conversations": ({"gt": []}, "'conversations' must be a non-empty list of messages, got nothing"),
+    "conversations not a list": (tool_row(conversations="hi"), "'conversations' must be a non-empty list of messages"),
+    "too many messages": (
+        tool_row(conversations=[USER] * (MAX_MESSAGES + 1)),
+        "'conversations' has 257 messages, more than MAX_MESSAGES=256",
+    ),
+    "message not an object": (with_message(1, "hi"), "message 1: must be an object with a 'role' and 'content'"),
+    "message without role": (with_message(1, {"content": "hi"}), "message 1: missing 'role'; expected one of system"),
+    "unknown role": (with_message(1, {"role": "human", "content": "hi"}), "message 1: unknown role 'human'; expected"),
+    "role not a string": (with_message(1, {"role": 1, "content": "hi"}), "message 1: unknown role 1"),
+    "message without content": (with_message(1, {"role": "user"}), "message 1: missing 'content' (a string)"),
+    "content not a string": (
+        with_message(1, {"role": "user", "content": 5}),
+        "message 1: 'content' must be a string, got number",
+    ),
     "no user": (tool_row(conversations=[{"role": "system", "content": "s"}]), "no user message"),
-    "content not a string": (with_message(1, {"role": "user", "content": 5}), "message 1: 'content' must be a string"),
-    "tools not a list": (with_tools({"a": 1}), "message 0: 'tools' must be a list"),
+    "kind not a string": (tool_row(kind=["single"]), "'kind' must be a string, got array"),
+    "id not a string": (tool_row(id=1.5), "'id' must be a string or integer, got number"),
+    "tools on a user message": (with_message(1, {**USER, "tools": []}), "only system messages may carry 'tools'"),
+    "tools not a list": (with_tools({"a": 1}), "message 0: 'tools' must be a list of OpenAI function schemas, got obj"),
     "tools bad JSON": (with_tools("[{"), "'tools' is a string that is not JSON"),
-    "tool not a function": (with_tools([{"name": "f"}]), "tools[0] must look like"),
-    "tool_calls not a list": (with_calls({"name": "f"}), "message 2: 'tool_calls' must be a list"),
+    "tool not a function": (with_tools([{"name": "f"}]), 'tools[0] must look like {"type": "function", "function"'),
+    "tool without name": (with_tools([{"type": "function", "function": {}}]), "tools[0] needs a 'name' of 1 to 64"),
+    "tool name with a space": (
+        with_tools([{"type": "function", "function": {**SCHEMA["function"], "name": "calc math"}}]),
+        "got 'calc math'",
+    ),
+    "tool description not a string": (
+        with_tools([{"type": "function", "function": {**SCHEMA["function"], "description": 3}}]),
+        "tools[0] ('calculate_math') 'description' must be a string",
+    ),
+    "tool without parameters": (
+        with_tools([{"type": "function", "function": {"name": "calculate_math"}}]),
+        "tools[0] ('calculate_math') has no 'parameters' (a JSON schema object)",
+    ),
+    "parameters an array schema": (with_parameters({"type": "array"}), "'parameters' must be a JSON schema object"),
+    "parameters a list": (with_parameters([]), '{"type": "object", "properties": {...}}, or with no properties'),
+    "properties not an object": (
+        with_parameters({"type": "object", "properties": ["expression"]}),
+        "'properties' must be an object mapping each argument name to its schema",
+    ),
+    "required not names": (
+        with_parameters({"type": "object", "required": "expression"}),
+        "'required' must be a list of argument names",
+    ),
+    "tool offered twice": (with_tools([SCHEMA, SCHEMA]), "message 0: the tool 'calculate_math' is offered twice"),
+    "call to a tool not offered": (
+        with_calls([{"name": "get_weather", "arguments": {}}]),
+        "a tool call names 'get_weather', which the row's tools do not offer (offered: calculate_math)",
+    ),
+    "tool_calls not a list": (with_calls({"name": "f"}), "message 2: 'tool_calls' must be a list, got object"),
     "tool_calls bad JSON": (with_calls("[{"), "'tool_calls' is a string that is not JSON"),
+    "tool call not an object": (with_calls([1]), "tool_calls[0] must be an object with a 'name' and 'arguments'"),
     "tool call without name": (with_calls([{"arguments": {}}]), "tool_calls[0] has no string 'name'"),
-    "arguments not an object": (with_calls([{"name": "f", "arguments": "[1]"}]), "arguments must be an object"),
+    "arguments not an object": (
+        with_calls([{"name": "f", "arguments": "[1]"}]),
+        "tool_calls[0] arguments must be an object, got array",
+    ),
     "orphan tool message": (
         with_message(2, {"role": "assistant", "content": "thinking"}),
         "message 3: tool message does not answer any tool call",
@@ -241,55 +302,144 @@ def test_bad_rows_raise_data_error_with_location(name):
     assert fragment in str(caught.value)
 
 
+def test_the_bounds_admit_rows_at_the_limit():
+    turns = [USER, {"role": "assistant", "content": "ok"}] * (MAX_MESSAGES // 2)
+    assert len(task_from_row(tool_row(conversations=turns), "row").reference) == 1
+    assert len(task_from_row(tool_row(gt=list(range(MAX_GT_VALUES))), "row").gt) == MAX_GT_VALUES
+    tool_only = {"role": "assistant", "tool_calls": [CALL]}  # no 'content' at all: a message that only calls
+    assert task_from_row(with_message(2, tool_only), "row") == task_from_row(tool_row(), "row")
+
+
 # -- jsonl ---------------------------------------------------------------------------------------
+
+MAX_ROW_BYTES = DataConfig().max_row_bytes
+GOOD = json.dumps(tool_row()).encode()
+
+# one line each, as bytes: every bad row above, and what only a file can hold
+BAD_LINES = {
+    **{name: (json.dumps(row).encode(), fragment) for name, (row, fragment) in BAD_ROWS.items()},
+    "not JSON": (b'{"conversations": [', "not valid JSON (Expecting value at column 20); expected one JSON object"),
+    "invalid UTF-8": (GOOD.replace(b"2 + 2?", b"2 \xff 2?"), "not valid UTF-8 (byte 0xff at byte offset"),
+    "truncated UTF-8": (GOOD.replace(b"What", "Wh\u00e4t".encode()[:3]), "not valid UTF-8 (byte 0xc3 at byte offset"),
+    "nested too deeply": (b"[" * 100_000, "not valid JSON (nested too deeply)"),
+    "a number too long to read": (b'{"gt": [' + b"9" * 5000 + b"]}", "not valid JSON (Exceeds the limit"),
+    "too long": (b'{"pad": "' + b"x" * MAX_ROW_BYTES + b'"}', f"more than data.max_row_bytes={MAX_ROW_BYTES}"),
+}
+
+
+def write_lines(path, *lines: bytes):
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return path
 
 
 def test_jsonl_round_trip(tmp_path):
     rows = rl_rows(30, seed=2) + [tool_row(id="mine")]
     path = tmp_path / "nested" / "tasks.jsonl"
     write_jsonl(path, rows)
-    assert load_jsonl(path) == [task_from_row(row, "x") for row in rows]
+    assert load_jsonl(path, MAX_ROW_BYTES) == [task_from_row(row, "x") for row in rows]
 
 
-@pytest.mark.parametrize(
-    ("line", "fragment"),
-    [
-        ('{"conversations": [', "not valid JSON"),
-        (json.dumps({k: v for k, v in tool_row().items() if k != "gt"}), "missing 'gt'"),
-        (json.dumps(with_message(1, {"role": "robot", "content": "x"})), "unknown role 'robot'"),
-        (json.dumps(with_tools("calculate_math")), "'tools'"),
-        (json.dumps(with_calls([1])), "must be an object"),
-    ],
-)
-def test_bad_lines_name_the_file_and_line(tmp_path, line, fragment):
-    path = tmp_path / "tasks.jsonl"
-    path.write_text(json.dumps(tool_row()) + "\n\n" + line + "\n", encoding="utf-8")
-    with pytest.raises(DataError, match=f"^{path}:3: ") as caught:
-        load_jsonl(path)
+@pytest.mark.parametrize("name", sorted(BAD_LINES))
+def test_a_bad_line_is_named_by_file_and_line_in_both_modes(tmp_path, name):
+    line, fragment = BAD_LINES[name]
+    path = write_lines(tmp_path / "tasks.jsonl", GOOD, b"", line, GOOD)
+    with pytest.raises(DataError, match=f"^{re.escape(str(path))}:3: ") as caught:
+        load_jsonl(path, MAX_ROW_BYTES)
     assert fragment in str(caught.value)
+    skipped: list[str] = []
+    assert load_jsonl(path, MAX_ROW_BYTES, skipped) == [task_from_row(tool_row(), "x")] * 2
+    assert skipped == [str(caught.value)]
+
+
+def test_skip_keeps_exactly_the_good_rows_and_reports_the_bad_ones_in_line_order(tmp_path):
+    good_rows = rl_rows(20, seed=4)
+    bad = [BAD_LINES[name] for name in sorted(BAD_LINES)[:: len(BAD_LINES) // 10]][:10]  # ten kinds of bad line
+    assert len(bad) == 10
+    lines, bad_linenos = [], []
+    for k, row in enumerate(good_rows):
+        lines.append(json.dumps(row, ensure_ascii=False).encode())
+        if k % 2:
+            lines.append(bad[k // 2][0])
+            bad_linenos.append(len(lines))
+    path = write_lines(tmp_path / "tasks.jsonl", *lines)
+    skipped: list[str] = []
+    assert load_jsonl(path, MAX_ROW_BYTES, skipped) == [task_from_row(row, "x") for row in good_rows]
+    assert [reason.split(": ", 1)[0] for reason in skipped] == [f"{path}:{n}" for n in bad_linenos]
+    assert all(fragment in reason for reason, (_, fragment) in zip(skipped, bad, strict=True))
+    with pytest.raises(DataError, match=f"^{re.escape(str(path))}:{bad_linenos[0]}: "):
+        load_jsonl(path, MAX_ROW_BYTES)
+
+
+def test_row_size_limit_is_exact_and_an_over_long_line_does_not_hide_the_next(tmp_path):
+    path = write_lines(tmp_path / "tasks.jsonl", GOOD, b"[" * 50 + b"x" * 10_000, GOOD)
+    skipped: list[str] = []
+    assert len(load_jsonl(path, len(GOOD), skipped)) == 2
+    assert skipped == [f"{path}:2: the line has 10050 bytes, more than data.max_row_bytes={len(GOOD)}"]
+    with pytest.raises(DataError, match=f"^{re.escape(str(path))}:1: the line has {len(GOOD)} bytes"):
+        load_jsonl(path, len(GOOD) - 1)
+    crlf = tmp_path / "crlf.jsonl"
+    crlf.write_bytes(GOOD + b"\r\n" + GOOD + b"\r\n")
+    assert len(load_jsonl(crlf, len(GOOD))) == 2  # the line break is not part of the row
+
+
+def test_a_leading_byte_order_mark_is_allowed(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD + b"\n" + GOOD)  # and no newline at the end
+    assert len(load_jsonl(path, MAX_ROW_BYTES)) == 2
+
+
+def test_a_file_without_a_task_is_an_error_in_both_modes(tmp_path):
+    empty = write_lines(tmp_path / "empty.jsonl", b"", b"  ")
+    for skipped in (None, []):
+        with pytest.raises(DataError, match=f"^{re.escape(str(empty))}: no rows$"):
+            load_jsonl(empty, MAX_ROW_BYTES, skipped)
+    all_bad = write_lines(tmp_path / "bad.jsonl", b"{", b"[]", b"\xff")
+    skipped = []
+    with pytest.raises(DataError, match=rf"^{re.escape(str(all_bad))}: all 3 rows are malformed; the first: .*:1: not"):
+        load_jsonl(all_bad, MAX_ROW_BYTES, skipped)
+    assert skipped == []
 
 
 # -- dataset registry ----------------------------------------------------------------------------
 
 
 def test_synthetic_dataset_loader():
-    train, heldout = DATASETS.get("synthetic_tools")(config())
-    assert (len(train), len(heldout)) == (40, 8)
-    assert all(isinstance(task, Task) for task in train + heldout)
+    dataset = DATASETS.get("synthetic_tools")(config())
+    assert (len(dataset.train), len(dataset.heldout), dataset.skipped) == (40, 8, [])
+    assert all(isinstance(task, Task) for task in dataset.train + dataset.heldout)
 
 
 def test_jsonl_dataset_loader(tmp_path):
     path, heldout_path = tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"
     write_jsonl(path, rl_rows(20, seed=5))
     write_jsonl(heldout_path, rl_rows(3, seed=6))
-    everything = load_jsonl(path)
-    assert DATASETS.get("jsonl")(config(path=str(path), heldout_size=5)) == (everything[:15], everything[15:])
-    train, heldout = DATASETS.get("jsonl")(config(path=str(path), heldout_path=str(heldout_path)))
-    assert train == everything and heldout == load_jsonl(heldout_path)
+    everything = load_jsonl(path, MAX_ROW_BYTES)
+    split = DATASETS.get("jsonl")(config(path=str(path), heldout_size=5))
+    assert split == Dataset(everything[:15], everything[15:], [])
+    dataset = DATASETS.get("jsonl")(config(path=str(path), heldout_path=str(heldout_path)))
+    assert dataset == Dataset(everything, load_jsonl(heldout_path, MAX_ROW_BYTES), [])
     with pytest.raises(ConfigError, match="data.path"):
         DATASETS.get("jsonl")(config())
     with pytest.raises(ConfigError, match="heldout_size"):
         DATASETS.get("jsonl")(config(path=str(path), heldout_size=20))
+
+
+def test_jsonl_dataset_skips_bad_rows_of_both_files_and_logs_them(tmp_path, caplog):
+    rows = [json.dumps(row).encode() for row in rl_rows(6, seed=5)]
+    path = write_lines(tmp_path / "train.jsonl", rows[0], b"{", rows[1], b"[]", rows[2], b"\xff", b'{"gt": []}')
+    heldout_path = write_lines(tmp_path / "heldout.jsonl", rows[3], b"nope")
+    skip = config(path=str(path), heldout_path=str(heldout_path), on_error=OnError["skip"])
+    with pytest.raises(DataError, match=f"^{re.escape(str(path))}:2: not valid JSON"):
+        DATASETS.get("jsonl")(replace(skip, on_error=OnError["raise"]))
+    with caplog.at_level(logging.WARNING, logger="minirl.data"):
+        dataset = DATASETS.get("jsonl")(skip)
+    assert (len(dataset.train), len(dataset.heldout)) == (3, 1)
+    where = [f"{path}:{n}" for n in (2, 4, 6, 7)] + [f"{heldout_path}:2"]
+    assert [reason.split(": ")[0] for reason in dataset.skipped] == where
+    report = dataset.skip_report()
+    assert report.startswith("skipped 5 malformed rows (data.on_error=skip); first: ")
+    assert "; ".join(dataset.skipped[:3]) in report and dataset.skipped[3] not in report
+    assert caplog.messages == [report]
 
 
 def test_each_warm_start_corpus_has_its_own_model_cache_key():

@@ -44,16 +44,17 @@ def test_generation_is_deterministic_per_seed():
 
 
 def test_train_and_heldout_never_share_a_prompt():
-    train, heldout = DATASETS.get("synthetic_math")(config())
-    assert (len(train), len(heldout)) == (500, 64)
+    dataset = DATASETS.get("synthetic_math")(config())
+    train, heldout = dataset.train, dataset.heldout
+    assert (len(train), len(heldout), dataset.skipped) == (500, 64, [])
     train_prompts, heldout_prompts = {prompt_text(t) for t in train}, {prompt_text(t) for t in heldout}
     assert len(train_prompts) == 500 and len(heldout_prompts) == 64
     assert not train_prompts & heldout_prompts
-    assert DATASETS.get("synthetic_math")(config()) == (train, heldout)
+    assert DATASETS.get("synthetic_math")(config()) == dataset
 
 
 def test_warm_start_rows_exclude_heldout_prompts_and_extra_phrasings():
-    _, heldout = DATASETS.get("synthetic_math")(config(train_size=10))
+    heldout = DATASETS.get("synthetic_math")(config(train_size=10)).heldout
     excluded = {prompt_text(task) for task in heldout}
     prompts = [prompt_text(row) for row in GENERATOR.sft_rows(600, seed=0, exclude_prompts=excluded)]
     assert len(prompts) == 600 and not excluded & set(prompts)

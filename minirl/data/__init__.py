@@ -1,7 +1,8 @@
-"""Task datasets: a registry of loaders returning (train, held-out) task lists.
+"""Task datasets: a registry of loaders returning a `Dataset` (train and held-out tasks, and the
+malformed rows skipped under `data.on_error=skip`).
 
     @DATASETS.register("my_dataset")
-    def my_dataset(cfg: DatasetConfig) -> tuple[list[Task], list[Task]]: ...
+    def my_dataset(cfg: DatasetConfig) -> Dataset: ...
 
 then `data.name=my_dataset`. `WARM_START_CORPORA` names the conversations the embedded tiny
 model's tokenizer and SFT warm start learn from (`sft.corpus=synthetic_math`).
@@ -9,14 +10,20 @@ model's tokenizer and SFT warm start learn from (`sft.corpus=synthetic_math`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
+from minirl.config import OnError
 from minirl.data import synthetic_math, synthetic_tools
 from minirl.data.jsonl import load_jsonl
 from minirl.data.task import DataError, Task
 from minirl.registry import ConfigError, Registry
+
+log = logging.getLogger(__name__)
+
+REASONS_LOGGED = 3  # skipped rows whose reason the log line quotes
 
 
 class DatasetConfig(Protocol):
@@ -28,38 +35,63 @@ class DatasetConfig(Protocol):
     heldout_size: int
     seed: int
     phrasings: str
+    on_error: OnError
+    max_row_bytes: int
 
 
-DatasetLoader = Callable[[DatasetConfig], tuple[list[Task], list[Task]]]
+@dataclass
+class Dataset:
+    """What a loader returns; `skipped` holds one `path:lineno: reason` per malformed row left out."""
+
+    train: list[Task]
+    heldout: list[Task]
+    skipped: list[str]
+
+    def skip_report(self) -> str:
+        """How many rows were skipped and the first few reasons, for the logs."""
+        first = "; ".join(self.skipped[:REASONS_LOGGED])
+        return f"skipped {len(self.skipped)} malformed rows (data.on_error=skip); first: {first}"
+
+
+DatasetLoader = Callable[[DatasetConfig], Dataset]
 DATASETS: Registry[DatasetLoader] = Registry("dataset")
 
 
 @DATASETS.register("synthetic_tools")
-def synthetic_tools_dataset(cfg: DatasetConfig) -> tuple[list[Task], list[Task]]:
+def synthetic_tools_dataset(cfg: DatasetConfig) -> Dataset:
     """Generated tool tasks; train and held-out never share a prompt."""
-    return synthetic_tools.GENERATOR.train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed, cfg.phrasings)
+    split = synthetic_tools.GENERATOR.train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed, cfg.phrasings)
+    return Dataset(*split, skipped=[])
 
 
 @DATASETS.register("synthetic_math")
-def synthetic_math_dataset(cfg: DatasetConfig) -> tuple[list[Task], list[Task]]:
+def synthetic_math_dataset(cfg: DatasetConfig) -> Dataset:
     """Generated math tasks for the code interpreter; train and held-out never share a prompt."""
-    return synthetic_math.GENERATOR.train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed, cfg.phrasings)
+    split = synthetic_math.GENERATOR.train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed, cfg.phrasings)
+    return Dataset(*split, skipped=[])
 
 
 @DATASETS.register("jsonl")
-def jsonl_dataset(cfg: DatasetConfig) -> tuple[list[Task], list[Task]]:
-    """Tasks from `cfg.path`; held-out from `cfg.heldout_path`, else the file's last `heldout_size` tasks."""
+def jsonl_dataset(cfg: DatasetConfig) -> Dataset:
+    """Tasks from `cfg.path`; held-out from `cfg.heldout_path`, else the file's last `heldout_size` tasks.
+    Under `data.on_error=skip` malformed rows are left out, counted and logged; otherwise the first raises."""
     if cfg.path is None:
         raise ConfigError("data.path: the jsonl dataset needs a file (data.path=tasks.jsonl)")
-    tasks = load_jsonl(cfg.path)
+    skipped: list[str] = []
+    collect = skipped if cfg.on_error == OnError["skip"] else None
+    tasks = load_jsonl(cfg.path, cfg.max_row_bytes, collect)
     if cfg.heldout_path is not None:
-        return tasks, load_jsonl(cfg.heldout_path)
-    if len(tasks) <= cfg.heldout_size:
+        dataset = Dataset(tasks, load_jsonl(cfg.heldout_path, cfg.max_row_bytes, collect), skipped)
+    elif len(tasks) <= cfg.heldout_size:
         raise ConfigError(
             f"data.heldout_size: {cfg.path} has {len(tasks)} tasks, not more than heldout_size={cfg.heldout_size}; "
             "lower it or set data.heldout_path"
         )
-    return tasks[: -cfg.heldout_size], tasks[-cfg.heldout_size :]
+    else:
+        dataset = Dataset(tasks[: -cfg.heldout_size], tasks[-cfg.heldout_size :], skipped)
+    if skipped:
+        log.warning(dataset.skip_report())
+    return dataset
 
 
 @dataclass(frozen=True)
@@ -96,6 +128,7 @@ __all__ = [
     "DATASETS",
     "WARM_START_CORPORA",
     "DataError",
+    "Dataset",
     "DatasetConfig",
     "DatasetLoader",
     "Task",

@@ -13,6 +13,15 @@ by printing long digit strings.
 
 Both sides are NFKC-normalised first (full-width digits, "℃" -> "°C"). CJK characters count as
 token boundaries, since CJK text has no spaces: "气温23度" contains "23" and "北京市" contains "北京".
+
+`credited_hits` is what rewards and success use: `gt_hits` behind two guards against answers
+that game the match, under which no value counts:
+
+- tool-protocol markup (`<tool_call>`, `<tool_response>` and their closing tags) in the answer: a
+  fake call or a forged tool result is not an answer;
+- more than MAX_UNASKED_NUMBERS distinct numbers that are in neither the question nor the gt:
+  listing candidates ("1 2 3 ... 100" for "42") is guessing. Numbers from tool results do not
+  count as asked, or a tool that prints every candidate would make the listing pay.
 """
 
 from __future__ import annotations
@@ -29,6 +38,10 @@ _WORD = rf"[^\W{CJK}]"
 # ".5"; a leading minus belongs to it only when the minus itself starts a token ("-3", not "20-3")
 _NUMBER = re.compile(rf"(?<!{_WORD})(?<!\d\.)(-?\d+(?:,\d{{3}})*(?:\.\d+)?)(?!{_WORD})(?!\.\d)")
 _NUMERIC_VALUE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+PROTOCOL_MARKUP = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+# the synthetic reference answers state at most one ("1 USD = 83.5 INR."); a rich tool result restated
+# ("23°C, humidity 60%, wind 10 km/h") takes a few more
+MAX_UNASKED_NUMBERS = 3
 
 
 def _normalise(text: str) -> str:
@@ -76,3 +89,23 @@ def contains_value(text: str, value: str) -> bool:
 def gt_hits(text: str, gt: list[str]) -> list[bool]:
     """For each gt value, whether it occurs in `text` as a whole token."""
     return [contains_value(text, value) for value in gt]
+
+
+def numbers_in(text: str) -> set[Decimal | str]:
+    """Every number of `text` as `contains_value` compares them ("23.0" and "23" are one)."""
+    return {_as_number(m.group(1)) for m in _NUMBER.finditer(_normalise(text))}
+
+
+def has_protocol_markup(answer: str) -> bool:
+    """Whether an answer carries tool-call or tool-result tags, which only calls and the framework write."""
+    return any(tag in answer for tag in PROTOCOL_MARKUP)
+
+
+def credited_hits(answer: str, gt: list[str], question: str) -> list[bool]:
+    """`gt_hits` under the guards of the module doc: all False for an answer that carries
+    tool-protocol markup or lists more than MAX_UNASKED_NUMBERS numbers found in neither
+    `question` nor `gt`."""
+    unasked = numbers_in(answer) - numbers_in(question) - numbers_in(" ".join(gt))
+    if has_protocol_markup(answer) or len(unasked) > MAX_UNASKED_NUMBERS:
+        return [False] * len(gt)
+    return gt_hits(answer, gt)

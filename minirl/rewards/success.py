@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from minirl.registry import Registry
-from minirl.rewards.matching import gt_hits
+from minirl.rewards.matching import credited_hits, has_protocol_markup
 from minirl.rewards.math_answer import equivalent, last_boxed
 from minirl.rollout.trajectory import FinishReason, Trajectory
 
@@ -18,12 +18,20 @@ SuccessCriterion = Callable[[Trajectory], bool]
 SUCCESS_CRITERIA: Registry[SuccessCriterion] = Registry("success criterion")
 
 
+def answer_hits(traj: Trajectory) -> list[bool]:
+    """For each gt value, whether the final answer earns it: a whole-token match in an answer that
+    passes the guards against gaming the match (minirl/rewards/matching.py: `credited_hits`)."""
+    question = "\n".join(message["content"] for message in traj.task.messages)
+    return credited_hits(traj.final_text, traj.task.gt, question)
+
+
 @SUCCESS_CRITERIA.register("gt_in_answer")
 def gt_in_answer(traj: Trajectory) -> bool:
-    """Ended with an answer and every gt value is in it as a whole token; with no gt, ending with an answer suffices."""
+    """Ended with an answer that earns every gt value (`answer_hits`); with no gt, ending with an answer
+    free of tool-protocol markup suffices."""
     if traj.finish_reason is not FinishReason.ANSWER:
         return False
-    return all(gt_hits(traj.final_text, traj.task.gt))
+    return all(answer_hits(traj)) and not has_protocol_markup(traj.final_text)
 
 
 @SUCCESS_CRITERIA.register("boxed_answer")

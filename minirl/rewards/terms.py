@@ -4,7 +4,7 @@ ReTool's (conf/reward/retool.yaml).
 Each term is a plain function `term(traj) -> float` returning an UNWEIGHTED value; the weights
 come from `reward.weights` in the config. `score` computes every registered term, so each one has
 an entry in the logged dict even at weight 0 (`term_values` gives the unweighted values), and
-clips the weighted sum to [-clip, clip].
+clips the weighted sum to [-clip, clip], saturating the bonuses before the penalties count.
 
 Add a term:
 
@@ -24,7 +24,7 @@ from typing import Protocol
 from minirl.protocol.parsing import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TurnKind
 from minirl.registry import ConfigError, Registry
 from minirl.rewards import success
-from minirl.rewards.matching import CJK, gt_hits
+from minirl.rewards.matching import CJK, has_protocol_markup
 from minirl.rollout.trajectory import FinishReason, Trajectory
 
 RewardTerm = Callable[[Trajectory], float]
@@ -92,12 +92,15 @@ def gt_hit(traj: Trajectory) -> float:
     """Share of gt values found, as whole tokens, in the final answer; 0 without gt.
 
     MiniMind checked gt only on the tool branch; checking it on both means a tool task answered
-    from memory without tools cannot out-score a correct one.
+    from memory without tools cannot out-score a correct one. No value counts in an answer that
+    carries tool-protocol markup or lists more than MAX_UNASKED_NUMBERS numbers found in neither
+    the question nor the gt (minirl/rewards/matching.py): forging a tool result or listing
+    candidates does not pay.
     """
     gt = traj.task.gt
     if not gt:
         return 0.0
-    return sum(gt_hits(traj.final_text, gt)) / len(gt)
+    return sum(success.answer_hits(traj)) / len(gt)
 
 
 @REWARD_TERMS.register("unfinished")
@@ -137,10 +140,12 @@ def repetition(traj: Trajectory) -> float:
 
 @REWARD_TERMS.register("answer_length")
 def answer_length(traj: Trajectory) -> float:
-    """+1 if the final answer has 5..800 characters, else -1 (no answer counts as empty)."""
+    """+1 if the final answer has 5..800 characters and no tool-protocol markup, else -1 (no answer
+    counts as empty): a forged `<tool_response>` is not an answer."""
     if used_tools(traj):
         return 0.0
-    return 1.0 if 5 <= len(traj.final_text) <= 800 else -1.0
+    answer = traj.final_text
+    return 1.0 if 5 <= len(answer) <= 800 and not has_protocol_markup(answer) else -1.0
 
 
 @REWARD_TERMS.register("think_length")
@@ -191,11 +196,17 @@ def score(traj: Trajectory, cfg: RewardWeights) -> tuple[float, dict[str, float]
     """(clipped weighted sum, term name -> weighted value) over every registered term.
 
     A term without a weight counts with weight 0 but is still computed and present in the dict.
+    The bonuses (positive weighted values) saturate at `clip` before the penalties are added, and
+    the total is clipped to [-clip, clip]: bonuses past the clip cannot absorb a penalty, so a
+    trajectory that repeats itself or skips a required tool scores below a clean one even when
+    both earn every bonus.
     """
     check_weights(cfg.weights)
     # "+ 0.0" turns the -0.0 of a zero weight times a penalty into 0.0 in the logs
     weighted = {name: float(cfg.weights.get(name, 0.0)) * v + 0.0 for name, v in term_values(traj).items()}
-    total = min(max(sum(weighted.values()), -cfg.clip), cfg.clip)
+    bonuses = sum(v for v in weighted.values() if v > 0)
+    penalties = sum(v for v in weighted.values() if v < 0)
+    total = max(min(bonuses, cfg.clip) + penalties, -cfg.clip)
     return total, weighted
 
 
