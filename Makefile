@@ -7,9 +7,9 @@ TORCH_CPU ?= torch==2.13.0
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-install: ## install minirl in editable mode with the dev extras (CPU torch pinned first)
+install: ## install minirl in editable mode with the dev and serve extras (CPU torch pinned first)
 	$(PYTHON) -m pip install "$(TORCH_CPU)"
-	$(PYTHON) -m pip install -e ".[dev]"
+	$(PYTHON) -m pip install -e ".[dev,serve]"
 
 test: ## run the test suite (offline, CPU)
 	WANDB_MODE=offline HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q

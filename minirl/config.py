@@ -265,6 +265,10 @@ class AlgoConfig:
         _check(self.overlong_penalty >= 0, "algo.overlong_penalty", f"must be >= 0, got {self.overlong_penalty}")
 
 
+# functional form: "raise" is a Python keyword, and omegaconf reads enum values by member name
+OnError = Enum("OnError", {"raise": "raise", "skip": "skip"}, type=str)
+
+
 @dataclass
 class DataConfig:
     name: str = "synthetic_tools"  # registry key: synthetic_tools | synthetic_math | jsonl
@@ -276,13 +280,21 @@ class DataConfig:
     # synthetic datasets: wordings of the RL and held-out questions; the warm start only ever sees
     # the "core" ones, so "unseen" makes RL generalise to new wordings (all | unseen | core)
     phrasings: str = "all"
+    on_error: OnError = OnError["raise"]  # a malformed jsonl row: raise (naming file:line) | skip (counted, logged)
+    max_row_bytes: int = 1_000_000  # a longer jsonl line is malformed
 
     def __post_init__(self) -> None:
+        _check(self.max_row_bytes > 0, "data.max_row_bytes", "must be > 0")
         from minirl.data.generation import PHRASING_SETS  # not at the top: minirl.data imports this module
 
         _check(self.train_size > 0, "data.train_size", "must be > 0")
         _check(self.heldout_size > 0, "data.heldout_size", "must be > 0")
         _check(self.phrasings in PHRASING_SETS, "data.phrasings", f"must be one of {', '.join(PHRASING_SETS)}")
+
+
+class Resume(str, Enum):
+    never = "never"
+    auto = "auto"
 
 
 class LRSchedule(str, Enum):
@@ -306,6 +318,14 @@ class TrainerConfig:
     eval_every: int = 10  # held-out evaluation every N steps (and at step 0 and the end)
     eval_temperature: float = 0.0  # 0 = greedy
     save_final: bool = True
+    # checkpoints (minirl/checkpoint.py): every save_every steps (0 = never) into <run dir>/checkpoints,
+    # keeping the newest keep_last; resume: never | auto (continue from the run directory's newest one)
+    save_every: int = 0
+    keep_last: int = 2
+    resume: Resume = Resume.never
+    max_bad_steps: int = 3  # non-finite loss or gradient: the update is skipped; this many steps in a row stop the run
+    nan_loss_steps: List[int] = field(default_factory=list)  # fault drill: these steps' losses are made NaN
+    trajectories_every: int = 10  # write sampled trajectories to <run dir>/trajectories.jsonl (0 = never)
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
@@ -315,6 +335,10 @@ class TrainerConfig:
         _check(self.lr > 0, "trainer.lr", "must be > 0")
         _check(self.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0")
         _check(self.eval_temperature >= 0, "trainer.eval_temperature", "must be >= 0")
+        for key in ("save_every", "trajectories_every"):
+            _check(getattr(self, key) >= 0, f"trainer.{key}", "must be >= 0")
+        _check(self.keep_last >= 1, "trainer.keep_last", "must be >= 1")
+        _check(self.max_bad_steps >= 1, "trainer.max_bad_steps", "must be >= 1")
 
 
 class WandbMode(str, Enum):
@@ -332,6 +356,45 @@ class LoggerConfig:
 
 
 @dataclass
+class ServeConfig:
+    """`python -m minirl.serve`: an OpenAI-compatible HTTP server for `model` (minirl/serving)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0 = any free port (the chosen one is printed)
+    model_id: Optional[str] = None  # the name /v1/models lists and requests must use; default model.name_or_path
+    max_batch_size: int = 16  # requests (times their n) decoded together in one batch
+    max_queue: int = 256  # requests waiting for a batch; further ones get HTTP 429
+    max_tokens: int = 256  # per completion, when a request does not say
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.port < 65536, "serve.port", f"must be in [0, 65535], got {self.port}")
+        for key in ("max_batch_size", "max_queue", "max_tokens"):
+            _check(getattr(self, key) > 0, f"serve.{key}", "must be > 0")
+
+
+@dataclass
+class EvalConfig:
+    """`python -m minirl.eval`: the held-out tasks through the training agent loop (minirl/evaluation)."""
+
+    backend: str = "local"  # registry key: local (model.name_or_path in-process) | openai (any compatible endpoint)
+    base_url: Optional[str] = None  # openai: e.g. http://127.0.0.1:8000/v1
+    api_key: str = "EMPTY"  # openai: sent as the bearer token
+    model_id: Optional[str] = None  # openai: the model to request; default the endpoint's first /v1/models entry
+    samples: int = 1  # N trajectories per task: avg@N and pass@N
+    temperature: float = 0.0  # 0 = greedy (then samples > 1 repeat the same answer)
+    seed: int = 0
+    concurrency: int = 8  # openai: conversations in flight at once
+    max_tasks: Optional[int] = None  # the first N held-out tasks; default all
+    output: str = "eval.json"  # relative paths land in the run directory
+
+    def __post_init__(self) -> None:
+        _check(self.samples >= 1, "eval.samples", f"must be >= 1, got {self.samples}")
+        _check(self.temperature >= 0, "eval.temperature", "must be >= 0")
+        _check(self.concurrency >= 1, "eval.concurrency", "must be >= 1")
+        _check(self.max_tasks is None or self.max_tasks >= 1, "eval.max_tasks", "must be >= 1")
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
@@ -344,6 +407,8 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str = "."  # set by the entry point to the Hydra run directory
 
     def __post_init__(self) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from minirl.config import TinyModelConfig
 from minirl.models.tiny import build_tokenizer, render_texts
+from minirl.serving.launch import ServerProcess, launch_server
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO.parent / "shared" / "fixtures" / "chat_templates"
@@ -91,3 +93,63 @@ def tiny_policy():
     model = build_model(cfg, tokenizer).eval()
     _, heldout = train_heldout_split(20, 8, seed=1)
     return model, tokenizer, heldout
+
+
+GREETING = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Say hello."},
+    {"role": "assistant", "content": "<think>A greeting.</think>Hello! How can I help?"},
+]
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory):
+    """A small Qwen2 policy that has memorised two conversations, saved with save_pretrained and
+    loaded back by path like any checkpoint: asked CONVERSATION's question with CALC_TOOL it writes
+    the two tool calls, given their results it answers, and asked GREETING's it thinks, then greets.
+    Servers and evaluators get real tool calls to parse, deterministically under greedy decoding."""
+    from minirl.config import SFTConfig
+    from minirl.models.tiny import build_model
+    from minirl.sft import tokenize_conversation, train_sft
+
+    cfg = TinyModelConfig(vocab_size=400, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    tokenizer = build_tokenizer(cfg, render_texts([(CONVERSATION, [CALC_TOOL]), (GREETING, [])] * 20))
+    model = build_model(cfg, tokenizer)
+    examples = [
+        tokenize_conversation(tokenizer, CONVERSATION, [CALC_TOOL]),
+        tokenize_conversation(tokenizer, GREETING, None),
+    ]
+    sft = SFTConfig(epochs=100, batch_size=8, lr=5e-3, warmup_steps=10)  # 100 steps, ~15 s on one core
+    train_sft(model, tokenizer, examples * 4, sft, torch.device("cpu"))
+    path = tmp_path_factory.mktemp("tool_model")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def debug_config(cache_dir: Path, run_dir: Path, *overrides: str):
+    """The composed config of the debug preset (a very small tiny model, two steps) with `overrides`."""
+    from hydra import compose, initialize_config_dir
+
+    from minirl.config import register_configs, to_config
+    from minirl.entry import CONF_DIR
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = to_config(compose("config", overrides=["debug=cpu", f"model.cache_dir={cache_dir}", *overrides]))
+    cfg.output_dir = str(run_dir)
+    return cfg
+
+
+def start_server(run_dir: Path, *overrides: str) -> ServerProcess:
+    """`python -m minirl.serve` on a free loopback port, ready; with `base_url`, `model_id` and `stop()`."""
+    return launch_server(["serve.host=127.0.0.1", "serve.port=0", "logger=none", *overrides], run_dir)
+
+
+@pytest.fixture(scope="session")
+def openai_server(tool_model_dir, tmp_path_factory):
+    """`python -m minirl.serve` serving `tool_model_dir` on 127.0.0.1 (any free port) for the session:
+    `openai_server.base_url` ("http://127.0.0.1:PORT/v1") and `openai_server.model_id`."""
+    server = start_server(tmp_path_factory.mktemp("serve"), f"model.name_or_path={tool_model_dir}")
+    yield server
+    server.stop()

@@ -1,0 +1,32 @@
+"""`python -m minirl.serve [overrides]`: an OpenAI-compatible chat-completions server for `model`.
+
+python -m minirl.serve                                          # the embedded tiny model on 127.0.0.1:8000
+python -m minirl.serve model.name_or_path=./outputs/ckpt serve.port=0   # any free port (printed)
+python -m minirl.serve model=qwen2.5-0.5b serve.host=0.0.0.0 serve.max_batch_size=32
+
+Once it accepts connections it prints `serving <model_id> at http://<host>:<port>/v1`; point any
+OpenAI client at that URL. `protocol.format` decides how tool calls are read, `trainer.device` where
+the model runs (auto: CUDA when there is one); minirl/serving has the rest.
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from minirl.entry import launch, run_entry
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def main(dict_cfg: DictConfig) -> None:
+    run_entry(dict_cfg, _serve)
+
+
+def _serve(cfg, console) -> None:
+    from minirl.serving.server import serve  # after the config is validated: torch and friends load slowly
+
+    serve(cfg, console)
+
+
+if __name__ == "__main__":
+    launch(main)

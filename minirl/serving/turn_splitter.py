@@ -1,0 +1,122 @@
+"""Split an assistant turn, as its text arrives, into content, reasoning and tool calls.
+
+    TurnSplitter.feed(delta) -> [Piece]       text that is settled, as it arrives
+    TurnSplitter.finish()    -> ([Piece], [ToolCall])
+
+Outside markup the text is `content`; inside `<think>...</think>` it is `reasoning` (an unclosed
+`<think>` runs to the end of the turn). Text that may be the start of a tag is held until the next
+delta shows whether it is one, so no tag is ever sent in part. When calls are read, everything from
+the first `<tool_call>` on is held until the turn ends, then `parse_turn` reads it: calls come out
+whole, the text around them goes through the same content/reasoning split, and a turn whose markup
+does not parse is sent as content exactly as written. Holding the rest of the turn costs a stream
+its live text after a call (rare) and buys two guarantees: a call is never sent and then found to
+be invalid, and the pieces of any split of the text add up to the same result.
+
+Both channels come out stripped, like `final_answer_text`: leading whitespace is dropped and
+whitespace is released only once text follows it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from minirl.protocol.parsing import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParsedTurn, ToolCall, TurnKind
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+_CALL_BLOCK = re.compile(f"{re.escape(TOOL_CALL_OPEN)}.*?{re.escape(TOOL_CALL_CLOSE)}", re.DOTALL)
+
+
+class Channel(str, Enum):  # the values name the text fields of openai_api.ChoiceDelta
+    content = "content"
+    reasoning = "reasoning"
+
+
+@dataclass
+class Piece:
+    channel: Channel
+    text: str
+
+
+class _Stripped:
+    """One channel's text with leading and trailing whitespace removed, released as it settles."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.pending = ""  # whitespace that is kept only if text follows it
+
+    def push(self, text: str) -> str:
+        if not self.started:
+            text = text.lstrip()
+            self.started = bool(text)
+        text = self.pending + text
+        body = text.rstrip()
+        self.pending = text[len(body) :]
+        return body
+
+
+def _partial_tag(text: str, tags: tuple[str, ...]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of one of `tags`."""
+    return max((n for tag in tags for n in range(1, len(tag)) if text.endswith(tag[:n])), default=0)
+
+
+class TurnSplitter:
+    """`read_calls` parses a turn's tool calls (e.g. `parse_turn` with the protocol's format);
+    None means the turn has no calls and `<tool_call>` is plain text."""
+
+    def __init__(self, read_calls: Callable[[str], ParsedTurn] | None) -> None:
+        self.read_calls = read_calls
+        self.channels = {channel: _Stripped() for channel in Channel}
+        self.channel = Channel.content
+        self.pending = ""  # text whose channel is not known yet
+        self.held: str | None = None  # the turn from its first <tool_call> on; None before one
+
+    def feed(self, delta: str) -> list[Piece]:
+        if self.held is not None:
+            self.held += delta
+            return []
+        self.pending += delta
+        return self._split(final=False)
+
+    def finish(self) -> tuple[list[Piece], list[ToolCall]]:
+        """The pieces still held and the turn's calls; the splitter is spent afterwards."""
+        pieces = self._split(final=True)
+        if self.held is None:
+            return pieces, []
+        held, self.held = self.held, None
+        parsed = self.read_calls(held)
+        if parsed.kind is not TurnKind.TOOL:  # not a valid call: the model's text as it is
+            return pieces + self._emit(Channel.content, held), []
+        self.read_calls = None  # what is left has no call blocks; a stray tag stays text
+        self.pending = _CALL_BLOCK.sub("", held)
+        return pieces + self._split(final=True), parsed.tool_calls
+
+    def _tags(self) -> tuple[str, ...]:
+        if self.channel is Channel.reasoning:
+            return (THINK_CLOSE,)
+        return (THINK_OPEN, TOOL_CALL_OPEN) if self.read_calls else (THINK_OPEN,)
+
+    def _split(self, final: bool) -> list[Piece]:
+        pieces: list[Piece] = []
+        while self.pending:
+            tags = self._tags()
+            found = [(at, tag) for tag in tags if (at := self.pending.find(tag)) >= 0]
+            if not found:
+                cut = len(self.pending) - (0 if final else _partial_tag(self.pending, tags))
+                pieces += self._emit(self.channel, self.pending[:cut])
+                self.pending = self.pending[cut:]
+                break
+            at, tag = min(found)
+            pieces += self._emit(self.channel, self.pending[:at])
+            if tag == TOOL_CALL_OPEN:
+                self.held, self.pending = self.pending[at:], ""
+                break
+            self.channel = Channel.reasoning if tag == THINK_OPEN else Channel.content
+            self.pending = self.pending[at + len(tag) :]
+        return pieces
+
+    def _emit(self, channel: Channel, text: str) -> list[Piece]:
+        text = self.channels[channel].push(text)
+        return [Piece(channel, text)] if text else []
