@@ -17,8 +17,8 @@ from minirl.tools.base import ToolStatus
 def rollout_metrics(trajs: list[Trajectory], solved: SuccessCriterion, prefix: str = "") -> dict[str, float]:
     """Rewards, every reward term, lengths (sampled tokens; the share cut by a length limit), turns, success
     (`solved`: reward.success), tool use (calls per trajectory, share of trajectories that called, validity,
-    latency, share of each call status) and why trajectories ended. Everything is over this batch only, never
-    cumulative."""
+    latency, share and count of each call status) and why trajectories ended. Everything is over this batch
+    only, never cumulative."""
     rewards = [t.reward for t in trajs]
     sampled = [sum(t.action_mask) for t in trajs]
     calls = [r for t in trajs for turn in t.turns for r in turn.tool_results]
@@ -39,6 +39,7 @@ def rollout_metrics(trajs: list[Trajectory], solved: SuccessCriterion, prefix: s
     statuses = Counter(r.status for r in calls)
     for status in typing.get_args(ToolStatus):  # shares of this step's calls: ok, error, timeout, ...
         out[f"tools/{status}_frac"] = statuses[status] / len(calls) if calls else 0.0
+        out[f"tools/{status}_count"] = float(statuses[status])
     for name in trajs[0].reward_terms:
         out[f"reward/{name}"] = fmean(t.reward_terms[name] for t in trajs)
     ended = Counter(t.finish_reason for t in trajs)
@@ -53,6 +54,13 @@ def success_by_kind(trajs: list[Trajectory], solved: SuccessCriterion, prefix: s
     return {
         f"{prefix}success_rate/{kind}": fmean(float(solved(t)) for t in trajs if t.task.kind == kind) for kind in kinds
     }
+
+
+def heldout_metrics(trajs: list[Trajectory], solved: SuccessCriterion, prefix: str) -> dict[str, float]:
+    """rollout_metrics and success_by_kind of a held-out evaluation, its mean success as `{prefix}success_rate`."""
+    metrics = {**rollout_metrics(trajs, solved, prefix), **success_by_kind(trajs, solved, prefix)}
+    metrics[f"{prefix}success_rate"] = metrics.pop(f"{prefix}rollout/success_rate")
+    return metrics
 
 
 def group_metrics(sampled: list[Trajectory], kept: list[Trajectory], group_size: int) -> dict[str, float]:

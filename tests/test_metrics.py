@@ -34,6 +34,7 @@ def test_tool_outcome_shares_latency_and_use_are_per_batch():
     assert out["tools/calls_per_traj"] == 2.0 and out["tools/used_frac"] == 0.5
     for status in ("ok", "error", "timeout", "over_budget"):
         assert out[f"tools/{status}_frac"] == pytest.approx(0.25)
+        assert out[f"tools/{status}_count"] == 1.0
     assert out["tools/bad_arguments_frac"] == 0.0
     assert out["tools/latency_max_s"] >= 0.9  # the killed loop ran until its CPU limit
     assert out["rollout/success_rate"] == 0.5 and out["rollout/finish_answer"] == 1.0

@@ -51,10 +51,14 @@ def read_hermes(body: str, tools: Sequence[dict]) -> ReadCall | str:
         return f"tool call is not valid JSON ({err.msg})"
     if not isinstance(obj, dict):
         return "tool call must be a JSON object"
-    name = obj.get("name")
+    return read_name_and_arguments(obj.get("name"), obj.get("arguments", {}))
+
+
+def read_name_and_arguments(name: Any, arguments: Any) -> ReadCall | str:
+    """`(name, arguments)` from a string name and arguments given as an object or as a JSON string holding
+    one (empty = no arguments), as Hermes bodies and OpenAI-style `tool_calls` carry them; else why not."""
     if not isinstance(name, str) or not name:
         return "tool call has no string 'name'"
-    arguments = obj.get("arguments", {})
     if isinstance(arguments, str):
         try:
             arguments = _load_json(arguments) if arguments.strip() else {}

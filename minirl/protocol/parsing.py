@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from minirl.protocol.formats import CALL_FORMATS
+from minirl.protocol.formats import CALL_FORMATS, read_name_and_arguments
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -70,9 +70,39 @@ def _without_blocks(text: str, open_tag: str, close_tag: str) -> str:
     return "".join(kept)
 
 
+def _drop_last_chars(parts: list[str], n: int) -> None:
+    """Remove the last `n` characters of `"".join(parts)` from `parts` (non-empty strings) in place."""
+    while n:
+        last = parts.pop()
+        if len(last) > n:
+            parts.append(last[:-n])
+        n = max(0, n - len(last))
+
+
+def _without_tags(text: str, tags: tuple[str, ...]) -> str:
+    """`text` minus every occurrence of `tags`, including one that removing another brings together
+    ("<tool_<tool_call>call>" -> ""), in linear time. Each tag has one ">", at its end, so a tag can
+    only complete at a ">": the text is rebuilt piece by piece up to each ">", checking the end."""
+    if not any(tag in text for tag in tags):
+        return text
+    longest = max(map(len, tags))
+    *pieces, rest = text.split(">")
+    kept: list[str] = []
+    for piece in pieces:
+        kept.append(piece + ">")
+        tail = "".join(kept[-longest:])[-longest:]  # every kept part has at least one character
+        for tag in tags:
+            if tail.endswith(tag):
+                _drop_last_chars(kept, len(tag))
+                break
+    return "".join(kept) + rest
+
+
 def final_answer_text(text: str) -> str:
-    """The user-visible part of an assistant turn: tool-call blocks and <think> removed."""
-    return _without_blocks(_without_blocks(text, "<think>", "</think>"), TOOL_CALL_OPEN, TOOL_CALL_CLOSE).strip()
+    """The user-visible part of an assistant turn: <think> and tool-call blocks removed, and any tool-call
+    tag left over (unbalanced, or brought together by a removal), so it never holds tool-call markup."""
+    without_blocks = _without_blocks(_without_blocks(text, "<think>", "</think>"), TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+    return _without_tags(without_blocks, (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)).strip()
 
 
 def _call_blocks(text: str) -> list[tuple[int, int]] | str:
@@ -93,15 +123,26 @@ def _call_blocks(text: str) -> list[tuple[int, int]] | str:
         pos = close + len(TOOL_CALL_CLOSE)
 
 
-def _strict_problem(text: str, last_close: int, calls: list[ToolCall]) -> str:
-    """ReTool's rules beyond the call count; empty when the turn follows them."""
-    if text[last_close + len(TOOL_CALL_CLOSE) :].strip():
-        return f"text after {TOOL_CALL_CLOSE} (a turn either calls a tool or answers)"
+def _too_many_calls(count: int, policy: CallPolicy, max_calls: int) -> str:
+    """Why `count` calls are too many for one turn; empty when they are not."""
+    limit = 1 if policy is CallPolicy.strict_single else max_calls
+    return f"{count} tool calls in one turn (max {limit})" if count > limit else ""
+
+
+def _empty_argument(calls: list[ToolCall]) -> str:
+    """ReTool's rule on parsed calls: which argument is an empty string; empty when none is."""
     for call in calls:
         for key, value in call.arguments.items():
             if isinstance(value, str) and not value.strip():
                 return f"argument '{key}' of '{call.name}' is empty"
     return ""
+
+
+def _strict_problem(text: str, last_close: int, calls: list[ToolCall]) -> str:
+    """ReTool's rules beyond the call count; empty when the turn follows them."""
+    if text[last_close + len(TOOL_CALL_CLOSE) :].strip():
+        return f"text after {TOOL_CALL_CLOSE} (a turn either calls a tool or answers)"
+    return _empty_argument(calls)
 
 
 def parse_turn(
@@ -122,9 +163,9 @@ def parse_turn(
         return ParsedTurn(TurnKind.INVALID, content, reason=blocks)
     if not blocks:
         return ParsedTurn(TurnKind.ANSWER, content)
-    limit = 1 if policy is CallPolicy.strict_single else max_calls
-    if len(blocks) > limit:
-        return ParsedTurn(TurnKind.INVALID, content, reason=f"{len(blocks)} tool calls in one turn (max {limit})")
+    too_many = _too_many_calls(len(blocks), policy, max_calls)
+    if too_many:
+        return ParsedTurn(TurnKind.INVALID, content, reason=too_many)
     calls: list[ToolCall] = []
     for i, (start, end) in enumerate(blocks):
         body = text[start:end].strip()
@@ -136,3 +177,36 @@ def parse_turn(
     if problem:
         return ParsedTurn(TurnKind.INVALID, content, reason=problem)
     return ParsedTurn(TurnKind.TOOL, content, calls)
+
+
+def parse_message(
+    content: str,
+    tool_calls: Sequence[tuple[str, Any, Any]],  # (id, name, arguments as an object or a JSON string)
+    call_format: str = "hermes",
+    policy: CallPolicy = CallPolicy.multi,
+    max_calls: int = 8,
+    tools: Sequence[dict] = (),
+) -> ParsedTurn:
+    """Classify an assistant message whose calls arrived structured, as an OpenAI-compatible endpoint returns
+    them (`message.content`, `message.tool_calls`), by parse_turn's rules: tool-call markup left in `content`,
+    too many calls, a call without a name or whose arguments are not a JSON object, and under strict_single an
+    empty argument make the turn invalid. The calls keep the endpoint's ids."""
+    parsed = parse_turn(content, call_format, policy, max_calls, tools=tools)
+    if parsed.kind is not TurnKind.ANSWER:
+        reason = parsed.reason or "tool-call markup in the message content, not in its tool_calls"
+        return ParsedTurn(TurnKind.INVALID, parsed.content, reason=reason)
+    if not tool_calls:
+        return parsed
+    too_many = _too_many_calls(len(tool_calls), policy, max_calls)
+    if too_many:
+        return ParsedTurn(TurnKind.INVALID, parsed.content, reason=too_many)
+    calls: list[ToolCall] = []
+    for call_id, name, arguments in tool_calls:
+        read = read_name_and_arguments(name, arguments)
+        if isinstance(read, str):
+            return ParsedTurn(TurnKind.INVALID, parsed.content, reason=read)
+        calls.append(ToolCall(call_id, *read))
+    problem = _empty_argument(calls) if policy is CallPolicy.strict_single else ""
+    if problem:
+        return ParsedTurn(TurnKind.INVALID, parsed.content, reason=problem)
+    return ParsedTurn(TurnKind.TOOL, parsed.content, calls)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minirl.config import ProtocolConfig
+from minirl.config import ProtocolConfig, RolloutConfig
 from minirl.data.task import Task
 from minirl.protocol.chat import next_prompt, render, turn_deltas
 from minirl.protocol.observation import tool_messages
@@ -28,6 +28,10 @@ class AgentLimits:
     max_new_tokens: int  # per assistant turn
     max_total_tokens: int  # prompt + everything appended to it
     max_tool_calls: int  # per trajectory; later calls get an "over_budget" observation instead of running
+
+    @classmethod
+    def from_config(cls, cfg: RolloutConfig) -> AgentLimits:
+        return cls(cfg.max_turns, cfg.max_new_tokens, cfg.max_total_tokens, cfg.max_tool_calls)
 
 
 @dataclass

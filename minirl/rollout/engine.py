@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from minirl.registry import Registry
+
+if TYPE_CHECKING:
+    from minirl.config import RolloutConfig
 
 
 @dataclass
@@ -17,6 +20,11 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     seed: int | None = None
+
+    @classmethod
+    def from_config(cls, cfg: RolloutConfig, temperature: float, seed: int | None = None) -> SamplingParams:
+        """The rollout's per-turn token limit, top-p and top-k at `temperature`."""
+        return cls(cfg.max_new_tokens, temperature, cfg.top_p, cfg.top_k, seed)
 
 
 @dataclass
@@ -37,3 +45,10 @@ class Engine(Protocol):
 
 
 ENGINES: Registry[type] = Registry("rollout engine")
+
+
+def build_engine(cfg: RolloutConfig, model, tokenizer, device, model_path: str) -> Engine:
+    """The configured engine (`rollout.engine`) sampling from `model`, loaded from `model_path`."""
+    return ENGINES.get(cfg.engine)(
+        model, tokenizer, device, model_path=model_path, gpu_memory_utilization=cfg.gpu_memory_utilization
+    )

@@ -19,6 +19,7 @@ class FinishReason(str, Enum):
     MAX_TURNS = "max_turns"  # still calling tools after rollout.max_turns turns
     TURN_TOKENS = "turn_tokens"  # a turn hit rollout.max_new_tokens without ending
     TOKEN_BUDGET = "token_budget"  # the whole conversation hit rollout.max_total_tokens
+    ERROR = "error"  # the policy could not be reached (an evaluation endpoint kept failing); see Trajectory.error
 
 
 @dataclass
@@ -49,6 +50,8 @@ class Trajectory:
     finish_reason: FinishReason | None = None
     reward: float = 0.0
     reward_terms: dict[str, float] = field(default_factory=dict)
+    advantage: float = 0.0  # set by the trainer for the trajectories it learns from
+    error: str = ""  # why the policy could not be reached, under FinishReason.ERROR
 
     @property
     def done(self) -> bool:

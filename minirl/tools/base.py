@@ -211,6 +211,11 @@ class ToolExecutor:
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
 
+    @classmethod
+    def from_config(cls, cfg: ToolsConfig) -> ToolExecutor:
+        """An executor of the configured tools (`tools.names`), with their timeout and observation cap."""
+        return cls(build_tools(cfg.names, cfg), cfg.timeout_s, cfg.max_output_chars)
+
     def execute(self, call: ToolCall, allowed: Collection[str] | None = None) -> ToolResult:
         """Run one call; `allowed` is the task's tool list (None = every tool of the executor)."""
         return self.execute_many([call], allowed)[0]
