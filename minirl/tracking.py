@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from minirl.config import Config
+from minirl.inspection.files import METRICS_FILE, TRAJECTORIES_FILE, keep_through_step
 from minirl.registry import ConfigError, Registry
 
 BACKENDS: Registry[type] = Registry("logger backend")
@@ -17,10 +18,15 @@ BACKENDS: Registry[type] = Registry("logger backend")
 
 @BACKENDS.register("none")
 class NullBackend:
-    def __init__(self, cfg: Config, run_dir: Path) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, run_id: str | None = None) -> None:
         pass
 
+    run_id = None
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def log_table(self, step: int, key: str, columns: list[str], rows: list[list]) -> None:
         pass
 
     def close(self) -> None:
@@ -31,7 +37,7 @@ class NullBackend:
 class WandbBackend:
     """W&B in offline mode unless `logger.mode=online`; offline runs sync later with `wandb sync`."""
 
-    def __init__(self, cfg: Config, run_dir: Path) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, run_id: str | None = None) -> None:
         try:
             import wandb
         except ImportError as err:
@@ -43,26 +49,51 @@ class WandbBackend:
             dir=str(run_dir),
             config=dataclasses.asdict(cfg),
             settings=wandb.Settings(quiet=True),  # the console already shows each step
+            id=run_id,
+            resume="allow" if run_id else None,  # a resumed training run continues its W&B run
         )
+        self.run_id = self.run.id
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)
+
+    def log_table(self, step: int, key: str, columns: list[str], rows: list[list]) -> None:
+        import wandb
+
+        self.run.log({key: wandb.Table(columns=columns, data=rows)}, step=step)
 
     def close(self) -> None:
         self.run.finish()
 
 
 class Tracker:
-    def __init__(self, cfg: Config, run_dir: Path, console: Console) -> None:
+    """`resume_step` (a resumed run): rows of metrics.jsonl and trajectories.jsonl past that step were
+    written after the checkpoint and are dropped, since the run logs those steps again; `run_id` continues
+    the backend's run."""
+
+    def __init__(
+        self, cfg: Config, run_dir: Path, console: Console, resume_step: int | None = None, run_id: str | None = None
+    ) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / METRICS_FILE
+        if resume_step is not None:
+            for path in (self.path, run_dir / TRAJECTORIES_FILE):
+                keep_through_step(path, resume_step)
         self.console = console
-        self.backend = BACKENDS.get(cfg.logger.backend)(cfg, run_dir)
+        self.backend = BACKENDS.get(cfg.logger.backend)(cfg, run_dir, run_id)
+
+    @property
+    def run_id(self) -> str | None:
+        """The backend's run id (W&B), saved with checkpoints so a resumed run continues it."""
+        return self.backend.run_id
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
         self.backend.log(step, metrics)
+
+    def log_table(self, step: int, key: str, columns: list[str], rows: list[list]) -> None:
+        self.backend.log_table(step, key, columns, rows)
 
     def close(self) -> None:
         self.backend.close()

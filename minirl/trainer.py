@@ -1,6 +1,11 @@
 """The RL training loop. Each step reads top to bottom:
 
     rollout -> reward (-> dynamic sampling) -> advantage -> loss + optimizer steps -> weight sync -> log
+    (-> trajectories.jsonl every trainer.trajectories_every steps -> held-out eval -> checkpoint)
+
+A step whose loss or gradient is not finite skips its update (trainer.max_bad_steps in a row stop the
+run); `trainer.resume=auto` continues from the run directory's newest checkpoint (minirl/checkpoint.py)
+with the same optimizer, schedule, RNG and data position, so the run goes on as if never stopped.
 
 Example (what `python -m minirl.train` runs after composing the config):
 
@@ -18,6 +23,7 @@ import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from statistics import fmean
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,17 +34,27 @@ from minirl.algos.dapo import overlong_penalty, tied_groups, tokens_to_limit, tr
 from minirl.algos.kl import KL_ESTIMATORS, sequence_kl
 from minirl.algos.losses import LOSSES, micro_batch_share
 from minirl.algos.rollout_correction import rollout_correction
-from minirl.config import Config, LRSchedule, OldLogprobs, Overlong
+from minirl.checkpoint import latest_checkpoint, load_trainer_state, restore_rng_state, rng_state, save_checkpoint
+from minirl.config import Config, LRSchedule, OldLogprobs, Overlong, Resume
 from minirl.data import DATASETS, WARM_START_CORPORA
 from minirl.data.task import Task
-from minirl.metrics import advantage_metrics, group_metrics, rollout_metrics, success_by_kind
+from minirl.faults import TrainingError, reported_out_of_memory
+from minirl.inspection import (
+    TRAJECTORIES_FILE,
+    trajectory_panel,
+    trajectory_record,
+    trajectory_table,
+    write_trajectories,
+)
+from minirl.metrics import advantage_metrics, group_metrics, heldout_metrics, rollout_metrics
 from minirl.models.loading import load_model, load_tokenizer, resolve_device, resolve_model_path
 from minirl.protocol.formats import CALL_FORMATS
 from minirl.rewards import SUCCESS_CRITERIA, check_weights, score_all
 from minirl.rollout.agent_loop import AgentLimits, run_agent
-from minirl.rollout.engine import ENGINES, SamplingParams
+from minirl.rollout.engine import ENGINES, SamplingParams, build_engine
 from minirl.rollout.trajectory import Trajectory
-from minirl.tools import TOOLS, ToolExecutor, build_tools, import_tool_modules
+from minirl.sampling import outside_top_k_top_p
+from minirl.tools import TOOLS, ToolExecutor, import_tool_modules
 from minirl.tracking import BACKENDS, Tracker
 
 
@@ -111,26 +127,6 @@ def collate(trajs: list[Trajectory], advantages: torch.Tensor, pad_id: int) -> P
     return PolicyBatch(input_ids, attention, start, old_logp, mask, advantages)
 
 
-def _outside_top_k_top_p(
-    logits: torch.Tensor,  # [..., V] already divided by the temperature
-    top_p: float,
-    top_k: int,  # 0 = off
-) -> torch.Tensor:  # [..., V] bool, True for tokens the sampler could not draw
-    """HF generate's TopKLogitsWarper then TopPLogitsWarper (vLLM filters the same way): top-k keeps the k
-    largest logits (ties included); top-p then drops the smallest tokens whose cumulative probability,
-    renormalised over what top-k kept, stays <= 1 - top_p, always keeping the largest."""
-    removed = torch.zeros_like(logits, dtype=torch.bool)
-    if top_k > 0:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[..., -1:]  # [..., 1]
-        removed = logits < kth
-    if top_p < 1:
-        ascending, order = torch.sort(logits.masked_fill(removed, -math.inf), dim=-1)
-        drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p  # [..., V] in ascending order
-        drop[..., -1] = False
-        removed = removed | drop.scatter(-1, order, drop)
-    return removed
-
-
 def sampling_logprobs(
     model, batch: PolicyBatch, temperature: float, top_p: float = 1.0, top_k: int = 0
 ) -> torch.Tensor:
@@ -142,7 +138,7 @@ def sampling_logprobs(
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits
     logits = logits[:, :-1].float() / temperature  # [N, L - 1 - start, V]
     if top_k > 0 or top_p < 1:
-        removed = _outside_top_k_top_p(logits, top_p, top_k)
+        removed = outside_top_k_top_p(logits, top_p, top_k)
         removed.scatter_(-1, batch.input_ids[:, batch.start + 1 :].unsqueeze(-1), False)
         logits = logits.masked_fill(removed, -math.inf)
     return torch.log_softmax(logits, dim=-1)
@@ -184,19 +180,16 @@ class Trainer:
         self.cfg, self.console = cfg, console or Console()
         self.run_dir = Path(cfg.output_dir)
         self.device = resolve_device(cfg.trainer.device)
-        self.train_tasks, self.heldout = DATASETS.get(cfg.data.name)(cfg.data)
+        dataset = DATASETS.get(cfg.data.name)(cfg.data)
+        self.train_tasks, self.heldout, self.skipped_rows = dataset.train, dataset.heldout, dataset.skipped
         path = resolve_model_path(cfg, self.console)
         self.tokenizer = load_tokenizer(path, cfg)
         self.policy = load_model(path, cfg, self.device)
         # no KL to the reference in the loss (beta = 0) nor in the reward: no reference model in memory
         needs_reference = cfg.loss.beta > 0 or cfg.algo.kl_in_reward
         self.reference = load_model(path, cfg, self.device, trainable=False) if needs_reference else None
-        self.engine = ENGINES.get(cfg.rollout.engine)(
-            self.policy, self.tokenizer, self.device,
-            model_path=path, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-        )  # fmt: skip
-        tools = build_tools(cfg.tools.names, cfg.tools)
-        self.executor = ToolExecutor(tools, cfg.tools.timeout_s, cfg.tools.max_output_chars)
+        self.engine = build_engine(cfg.rollout, self.policy, self.tokenizer, self.device, path)
+        self.executor = ToolExecutor.from_config(cfg.tools)
         self.loss_fn = LOSSES.get(cfg.loss.name)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algo.adv_estimator)
         self.solved = SUCCESS_CRITERIA.get(cfg.reward.success)  # what the success-rate metrics count
@@ -205,11 +198,13 @@ class Trainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         r = cfg.rollout
-        self.limits = AgentLimits(r.max_turns, r.max_new_tokens, r.max_total_tokens, r.max_tool_calls)
+        self.limits = AgentLimits.from_config(r)
         self.task_rng = random.Random(cfg.trainer.seed)
         self.task_queue: list[Task] = []
         self.shuffle_rng = torch.Generator().manual_seed(cfg.trainer.seed)  # mini-batch order; not the global RNG
         self.distribution = (r.temperature, r.top_p, r.top_k)  # what the sampler draws from; log-probs use it too
+        self.step = 0  # the last completed step
+        self.bad_steps = 0  # steps in a row whose updates were skipped for a non-finite loss or gradient
 
     def _lr_factor(self, step: int) -> float:
         t = self.cfg.trainer
@@ -232,22 +227,17 @@ class Trainer:
         return batch
 
     def rollout(self, tasks: list[Task], group_size: int, temperature: float) -> list[Trajectory]:
-        r = self.cfg.rollout
-        sampling = SamplingParams(r.max_new_tokens, temperature, r.top_p, r.top_k)
+        sampling = SamplingParams.from_config(self.cfg.rollout, temperature)
         self.policy.eval()  # no dropout while sampling
         return run_agent(
             self.engine, self.tokenizer, self.executor, tasks, group_size, self.limits, sampling, self.cfg.protocol
         )
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> tuple[dict[str, float], list[Trajectory]]:
+        """The held-out tasks at trainer.eval_temperature: metrics and the scored trajectories."""
         trajs = self.rollout(self.heldout, 1, self.cfg.trainer.eval_temperature)
         score_all(trajs, self.cfg.reward)
-        metrics = {
-            **rollout_metrics(trajs, self.solved, prefix="eval/"),
-            **success_by_kind(trajs, self.solved, prefix="eval/"),
-        }
-        metrics["eval/success_rate"] = metrics.pop("eval/rollout/success_rate")
-        return metrics
+        return heldout_metrics(trajs, self.solved, prefix="eval/"), trajs
 
     @torch.no_grad()
     def reference_logprobs(self, batch: PolicyBatch) -> torch.Tensor | None:
@@ -314,6 +304,8 @@ class Trainer:
         batch.ref_logp = self.reference_logprobs(batch)  # [N, T] or None
         rewards, kl_metrics = self.shaped_rewards(trajs, batch)  # minus the KL with algo.kl_in_reward
         batch.advantages = advantages = self.adv_fn(rewards, cfg.rollout.group_size, cfg.algo.adv_eps)  # advantage
+        for traj, advantage in zip(trajs, advantages.tolist()):
+            traj.advantage = advantage
         plan = mini_batch_plan(len(trajs), cfg.trainer.ppo_epochs, cfg.trainer.mini_batches, self.shuffle_rng)
         batch, correction = self.prepare_batch(batch, trajs, plan[0])  # overlong mask, log pi_old, rollout IS
         update = self.update_policy(batch, plan)  # loss and optimizer steps
@@ -352,15 +344,21 @@ class Trainer:
 
     def update_policy(self, batch: PolicyBatch, plan: list[list[torch.Tensor]]) -> dict[str, float]:
         """One optimizer step per mini-batch of the plan (epochs x mini-batches of row indices, mini_batch_plan).
-        The metrics are means over these optimizer steps; lr is the last one's."""
+        The metrics are means over these optimizer steps, but faults/skipped_updates counts them; lr is the last
+        one's."""
         self.policy.train()
         steps = [self.optimizer_step(batch, rows) for epoch in plan for rows in epoch]
-        return {**{key: fmean(s[key] for s in steps) for key in steps[0]}, "lr": self.scheduler.get_last_lr()[0]}
+        metrics = {key: fmean(s[key] for s in steps) for key in steps[0]}
+        metrics["faults/skipped_updates"] = sum(s["faults/skipped_updates"] for s in steps)
+        return {**metrics, "lr": self.scheduler.get_last_lr()[0]}
 
     def optimizer_step(self, batch: PolicyBatch, rows: torch.Tensor) -> dict[str, float]:
         """One optimizer step on the mini-batch batch[rows], in micro-batches whose gradients add up to the
-        mini-batch's; also the policy's mean entropy over its action tokens, from the logits the loss used."""
+        mini-batch's; also the policy's mean entropy over its action tokens, from the logits the loss used.
+        A non-finite loss or gradient norm skips the step (weights, optimizer state and schedule stay as they
+        were) and sets faults/skipped_updates to 1."""
         mask = batch.mask[rows]  # [n, T]
+        drill = self.step in self.cfg.trainer.nan_loss_steps  # fault drill: this step's loss is NaN
         sums: dict[str, torch.Tensor] = {}
         entropy_sum = torch.zeros(())
         for micro_rows in rows.split(self.cfg.trainer.micro_batch_size):
@@ -372,37 +370,41 @@ class Trainer:
                 is_weights=micro.is_weights,
             )  # fmt: skip
             share = micro_batch_share(micro.mask, mask, self.cfg.loss.agg)
-            (out.loss * share).backward()
+            loss = out.loss * math.nan if drill else out.loss
+            (loss * share).backward()
             for key, value in out.metrics.items():
                 sums[key] = sums.get(key, 0.0) + value.detach().cpu() * share
             action = dist.detach()[micro.mask > 0]  # [tokens, V]; entr(0) = 0 for tokens top-k/top-p removed
             entropy_sum += torch.special.entr(action.exp()).sum().cpu()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.trainer.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        finite = bool(torch.isfinite(grad_norm)) and not drill
+        if finite:
+            self.optimizer.step()
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {
             **{k: float(v) for k, v in sums.items()},
             "entropy": float(entropy_sum / mask.sum().clamp(min=1)),
             "grad_norm": grad_norm.item(),
+            "faults/skipped_updates": float(not finite),
         }
 
     def fit(self) -> TrainResult:
         cfg, console = self.cfg, self.console
-        tracker = Tracker(cfg, self.run_dir, console)
         result = TrainResult(run_dir=self.run_dir)
         started = time.perf_counter()
-        self._log_eval(0, tracker, result)
-        for step in range(1, cfg.trainer.steps + 1):
-            t0 = time.perf_counter()
-            sampled, trajs = self.sample_groups()  # rollout and reward; dynamic sampling drops all-tie groups
-            t1 = time.perf_counter()
-            update = self.learn(trajs) if trajs else {}  # advantage, loss, optimizer steps; none if every group tied
-            t2 = time.perf_counter()
-            metrics = {
-                **rollout_metrics(sampled, self.solved), **group_metrics(sampled, trajs, cfg.rollout.group_size),
-                **update, "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/step_s": t2 - t0,
-            }  # fmt: skip
+        state = self.resume() if cfg.trainer.resume is Resume.auto else None
+        tracker = Tracker(
+            cfg, self.run_dir, console, resume_step=self.step if state else None, run_id=state and state["run_id"]
+        )
+        if state is None:
+            self._log_eval(0, tracker, result)
+            self._log_skipped_rows(tracker)
+        else:
+            result.eval_history = state["eval_history"]
+        for step in range(self.step + 1, cfg.trainer.steps + 1):
+            self.step = step
+            metrics, trajs = self.train_step()
             tracker.log(step, metrics)  # log
             console.print(
                 f"step {step:>4}/{cfg.trainer.steps}  reward {metrics['reward/mean']:+.2f} "
@@ -410,8 +412,14 @@ class Trainer:
                 f"kl {metrics.get('loss/kl', 0.0):.4f}  valid calls {metrics['tools/valid_frac']:.0%}  "
                 f"turns {metrics['rollout/turns']:.2f}  {metrics['time/step_s']:.1f}s"
             )
+            self.check_skipped_updates(metrics)
+            if cfg.trainer.trajectories_every and step % cfg.trainer.trajectories_every == 0 and trajs:
+                self.record_trajectories(step, trajs, tracker)
             if step % cfg.trainer.eval_every == 0 or step == cfg.trainer.steps:
                 self._log_eval(step, tracker, result)
+            if cfg.trainer.save_every and (step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps):
+                state = {**self.state_dict(), "run_id": tracker.run_id, "eval_history": result.eval_history}
+                save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, state, cfg.trainer.keep_last)
         if cfg.trainer.save_final:
             final = self.run_dir / "checkpoint"
             self.policy.save_pretrained(final)
@@ -421,8 +429,100 @@ class Trainer:
         result.wall_s = time.perf_counter() - started
         return result
 
+    def train_step(self) -> tuple[dict[str, float], list[Trajectory]]:
+        """One step: rollout and reward (dynamic sampling drops all-tie groups), then advantage, loss and optimizer
+        steps (none if every group tied). Returns its metrics and the trajectories learned from. Running out of
+        memory raises TrainingError with the sizes that caused it."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        rows = cfg.trainer.prompts_per_step * cfg.rollout.group_size
+        with reported_out_of_memory("rollout", rows, cfg.rollout.max_total_tokens, "lower rollout.group_size, "
+                                    "trainer.prompts_per_step or rollout.max_total_tokens"):  # fmt: skip
+            sampled, trajs = self.sample_groups()
+        t1 = time.perf_counter()
+        longest = max((len(t.prompt_ids) + len(t.response_ids) for t in trajs), default=0)
+        with reported_out_of_memory("the policy update", min(cfg.trainer.micro_batch_size, len(trajs)), longest,
+                                    "lower trainer.micro_batch_size (gradients accumulate to the same update) "
+                                    "or rollout.max_total_tokens"):  # fmt: skip
+            update = self.learn(trajs) if trajs else {}
+        t2 = time.perf_counter()
+        metrics = {
+            **rollout_metrics(sampled, self.solved), **group_metrics(sampled, trajs, cfg.rollout.group_size),
+            **update, "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/step_s": t2 - t0,
+        }  # fmt: skip
+        return metrics, trajs
+
+    def check_skipped_updates(self, metrics: dict[str, float]) -> None:
+        """Count steps in a row that skipped an update for a non-finite loss or gradient; raise TrainingError at
+        trainer.max_bad_steps."""
+        skipped = int(metrics.get("faults/skipped_updates", 0))
+        self.bad_steps = self.bad_steps + 1 if skipped else 0
+        if not skipped:
+            return
+        limit = self.cfg.trainer.max_bad_steps
+        self.console.print(
+            f"[bold yellow]warning[/]: step {self.step}: non-finite loss or gradient, {skipped} update(s) skipped "
+            f"({self.bad_steps} step(s) in a row; the run stops at {limit})"
+        )
+        if self.bad_steps >= limit:
+            raise TrainingError(
+                f"steps {self.step - limit + 1}-{self.step}: every one had a non-finite loss or gradient, their "
+                "updates were skipped; lower trainer.lr or check the rewards, then continue from the newest "
+                "checkpoint with trainer.resume=auto"
+            )
+
+    def record_trajectories(self, step: int, trajs: list[Trajectory], tracker: Tracker) -> None:
+        """Append this step's learned-from trajectories to trajectories.jsonl and log them as a table."""
+        advantages = [t.advantage for t in trajs]
+        path = self.run_dir / TRAJECTORIES_FILE
+        records = write_trajectories(path, step, trajs, advantages, self.tokenizer, solved=self.solved)
+        tracker.log_table(step, "rollout/trajectories", *trajectory_table(records))
+
+    def state_dict(self) -> dict[str, Any]:
+        """What an exact resume needs besides the weights: step, optimizer, schedule, RNG states, data position."""
+        position = {id(task): i for i, task in enumerate(self.train_tasks)}
+        return {
+            "step": self.step,
+            "bad_steps": self.bad_steps,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+            "task_rng": self.task_rng.getstate(),
+            "task_queue": [position[id(task)] for task in self.task_queue],
+            "shuffle_rng": self.shuffle_rng.get_state(),
+        }
+
+    def resume(self) -> dict[str, Any] | None:
+        """Load the run directory's newest checkpoint (weights and state_dict); None when there is none."""
+        checkpoint = latest_checkpoint(self.run_dir)
+        if checkpoint is None:
+            self.console.print(f"trainer.resume=auto: no checkpoint in {self.run_dir}; starting from step 0")
+            return None
+        state = load_trainer_state(checkpoint)
+        self.policy.load_state_dict(load_model(str(checkpoint), self.cfg, self.device).state_dict())
+        self.engine.sync_weights(self.policy)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.task_rng.setstate(state["task_rng"])
+        self.task_queue = [self.train_tasks[i] for i in state["task_queue"]]
+        self.shuffle_rng.set_state(state["shuffle_rng"])
+        restore_rng_state(state["rng"])
+        self.step, self.bad_steps = state["step"], state["bad_steps"]
+        self.console.print(f"resuming from {checkpoint} (step {self.step})")
+        return state
+
+    def _log_skipped_rows(self, tracker: Tracker) -> None:
+        if not self.skipped_rows:
+            return
+        tracker.log(0, {"data/skipped_rows": float(len(self.skipped_rows))})
+        self.console.print(
+            f"[bold yellow]warning[/]: skipped {len(self.skipped_rows)} malformed dataset rows (data.on_error=skip); "
+            f"first: {self.skipped_rows[0]}",
+            highlight=False,
+        )
+
     def _log_eval(self, step: int, tracker: Tracker, result: TrainResult) -> None:
-        metrics = self.evaluate()
+        metrics, trajs = self.evaluate()
         tracker.log(step, metrics)
         result.eval_history.append((step, metrics["eval/success_rate"]))
         kinds = "  ".join(
@@ -432,6 +532,8 @@ class Trainer:
             f"[bold cyan]eval[/] step {step:>4}: held-out success {metrics['eval/success_rate']:.1%} "
             f"({len(self.heldout)} tasks; {kinds}), reward {metrics['eval/reward/mean']:+.2f}"
         )
+        sample = trajs[step // max(1, self.cfg.trainer.eval_every) % len(trajs)]  # a different task each time
+        self.console.print(trajectory_panel(trajectory_record(sample, step, 0.0, self.tokenizer, self.solved)))
 
 
 def train(cfg: Config, console: Console | None = None) -> TrainResult:

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from conftest import debug_config
 from transformers import AutoModelForCausalLM
 
-from minirl.config import register_configs, to_config
+from minirl.config import register_configs
 from minirl.data.task import Task
-from minirl.entry import CONF_DIR
 from minirl.metrics import group_metrics
 from minirl.rollout.trajectory import FinishReason, Trajectory
 from minirl.trainer import Trainer, collate, token_logprobs, train
@@ -26,13 +25,6 @@ register_configs()
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("model-cache")
-
-
-def debug_config(cache_dir: Path, run_dir: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = to_config(compose("config", overrides=["debug=cpu", f"model.cache_dir={cache_dir}", *overrides]))
-    cfg.output_dir = str(run_dir)
-    return cfg
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -1,0 +1,103 @@
+"""Fault drill: a short training run of the embedded tiny model in which things break on purpose, to
+check that each fault is survived and counted in metrics.jsonl.
+
+    python experiments/fault_drill.py [--steps 8] [--out outputs/fault_drill] [--model PATH]
+
+- a tool that raises: `get_current_time` raises RuntimeError on every call -> tools/error_count
+- a tool that hangs: `unit_converter` sleeps past tools.timeout_s (0.5 s here) -> tools/timeout_count
+- a forced NaN loss at step 3 (trainer.nan_loss_steps) -> faults/skipped_updates
+- ten malformed rows in the jsonl dataset (data.on_error=skip) -> data/skipped_rows at step 0
+
+The two tools are swapped into the trainer's tool executor after it is built; everything else is the
+default configuration. Prints the total of each fault counter over the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from minirl.config import register_configs, to_config
+from minirl.data.synthetic_tools import GENERATOR
+from minirl.entry import CONF_DIR
+from minirl.tools.minimind import GetCurrentTime, UnitConverter
+from minirl.trainer import Trainer
+
+MALFORMED_ROWS = [
+    "{not json",
+    "[1, 2, 3]",
+    '{"gt": ["1"]}',
+    '{"conversations": "hello", "gt": []}',
+    '{"conversations": [{"role": "wizard", "content": "hi"}], "gt": []}',
+    '{"conversations": [{"role": "user", "content": 42}], "gt": []}',
+    '{"conversations": [{"role": "system", "content": "s", "tools": {"name": "x"}}, '
+    '{"role": "user", "content": "q"}], "gt": []}',
+    '{"conversations": [{"role": "user", "content": "q"}], "gt": "not a list"}',
+    '{"conversations": [{"role": "user", "content": "q"}], "gt": [], "kind": 7}',
+    '{"conversations": [{"role": "user", "content": "' + "x" * 2_000_000 + '"}], "gt": []}',
+]
+
+
+class RaisingTime(GetCurrentTime):
+    def run(self, arguments: dict) -> dict:
+        raise RuntimeError("clock service unavailable (fault drill)")
+
+
+class HangingConverter(UnitConverter):
+    def run(self, arguments: dict) -> dict:
+        time.sleep(30)  # past tools.timeout_s: the executor answers "timeout" and moves on
+        return super().run(arguments)
+
+
+def write_dataset(path: Path, seed: int = 0) -> None:
+    """Synthetic tool tasks with the malformed rows spread among them."""
+    rows = [json.dumps(row, ensure_ascii=False) for row in GENERATOR.rl_rows(400, seed, phrasings="unseen")]
+    for i, bad in enumerate(MALFORMED_ROWS):
+        rows.insert(5 + 37 * i, bad)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--out", default="outputs/fault_drill")
+    parser.add_argument("--model", default="tiny", help="model.name_or_path (default: the embedded tiny model)")
+    args = parser.parse_args()
+    out = Path(args.out)
+    data = out / "tasks.jsonl"
+    write_dataset(data)
+    register_configs()
+    overrides = [
+        "data=jsonl", f"data.path={data}", "data.on_error=skip", "data.heldout_size=32",
+        f"trainer.steps={args.steps}", "trainer.eval_every=4", "trainer.nan_loss_steps=[3]", "logger=none",
+        "tools.timeout_s=0.5", f"model.name_or_path={args.model}",
+    ]  # fmt: skip
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = to_config(compose("config", overrides=overrides))
+    cfg.output_dir = str(out / "run")
+    trainer = Trainer(cfg)
+    trainer.executor.tools["get_current_time"] = RaisingTime()
+    trainer.executor.tools["unit_converter"] = HangingConverter()
+    started = time.perf_counter()
+    trainer.fit()
+    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "faults/skipped_updates" in r]
+    totals = {
+        "malformed rows skipped": sum(r.get("data/skipped_rows", 0) for r in rows),
+        "tool calls that raised": sum(r["tools/error_count"] for r in train_rows),
+        "tool calls that hung (timeout)": sum(r["tools/timeout_count"] for r in train_rows),
+        "updates skipped (non-finite loss)": sum(r["faults/skipped_updates"] for r in train_rows),
+        "steps completed": len(train_rows),
+    }
+    print(f"fault drill finished in {time.perf_counter() - started:.0f} s:")
+    for name, count in totals.items():
+        print(f"  {name}: {count:g}")
+
+
+if __name__ == "__main__":
+    main()

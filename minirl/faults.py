@@ -1,0 +1,39 @@
+"""What stops a run, and how a failure is told: out-of-memory errors with the sizes that caused them,
+and runs of non-finite updates.
+
+A tool that raises or hangs never stops a run (the executor turns it into an error observation,
+minirl/tools/base.py); a malformed dataset row is raised or skipped by `data.on_error`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on; the message says why and what to change."""
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """A CUDA out-of-memory error, or the CPU allocator failing to allocate."""
+    if isinstance(err, torch.OutOfMemoryError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+@contextmanager
+def reported_out_of_memory(phase: str, rows: int, longest: int, hint: str) -> Iterator[None]:
+    """Turn an out-of-memory error inside the block into a TrainingError naming the phase, the batch's size
+    (`rows` sequences, the longest `longest` tokens) and what to lower (`hint`); other errors pass unchanged."""
+    try:
+        yield
+    except Exception as err:
+        if not is_out_of_memory(err):
+            raise
+        raise TrainingError(
+            f"out of memory during {phase}: {rows} sequences, the longest {longest} tokens; {hint}"
+        ) from err
