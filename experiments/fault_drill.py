@@ -43,12 +43,18 @@ MALFORMED_ROWS = [
 
 
 class RaisingTime(GetCurrentTime):
+    calls = 0  # how often the fault fired, to check against the metrics
+
     def run(self, arguments: dict) -> dict:
+        RaisingTime.calls += 1
         raise RuntimeError("clock service unavailable (fault drill)")
 
 
 class HangingConverter(UnitConverter):
+    calls = 0
+
     def run(self, arguments: dict) -> dict:
+        HangingConverter.calls += 1
         time.sleep(30)  # past tools.timeout_s: the executor answers "timeout" and moves on
         return super().run(arguments)
 
@@ -60,6 +66,11 @@ def write_dataset(path: Path, seed: int = 0) -> None:
         rows.insert(5 + 37 * i, bad)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+def run_total(rows: list[dict], key: str) -> float:
+    """The total of a per-step count over training steps (`key`) and evaluations (`eval/key`)."""
+    return sum(r.get(key, 0) + r.get(f"eval/{key}", 0) for r in rows)
 
 
 def main() -> None:
@@ -89,14 +100,16 @@ def main() -> None:
     train_rows = [r for r in rows if "faults/skipped_updates" in r]
     totals = {
         "malformed rows skipped": sum(r.get("data/skipped_rows", 0) for r in rows),
-        "tool calls that raised": sum(r["tools/error_count"] for r in train_rows),
-        "tool calls that hung (timeout)": sum(r["tools/timeout_count"] for r in train_rows),
+        "calls to the raising tool": RaisingTime.calls,
+        "calls to the hanging tool": HangingConverter.calls,
+        "error observations (tools/error_count, training and evaluation)": run_total(rows, "tools/error_count"),
+        "timeouts (tools/timeout_count, training and evaluation)": run_total(rows, "tools/timeout_count"),
         "updates skipped (non-finite loss)": sum(r["faults/skipped_updates"] for r in train_rows),
         "steps completed": len(train_rows),
     }
     print(f"fault drill finished in {time.perf_counter() - started:.0f} s:")
-    for name, count in totals.items():
-        print(f"  {name}: {count:g}")
+    for name, value in totals.items():
+        print(f"  {name}: {value:g}")
 
 
 if __name__ == "__main__":
