@@ -24,10 +24,10 @@ import openai
 
 from minirl.config import ProtocolConfig
 from minirl.data.task import Task
-from minirl.protocol.parsing import TurnKind, parse_message
+from minirl.protocol.parsing import parse_message
 from minirl.registry import ConfigError
 from minirl.rewards.terms import THINK_CLOSE, THINK_OPEN
-from minirl.rollout.agent_loop import AgentLimits
+from minirl.rollout.agent_loop import AgentLimits, run_turn_tools
 from minirl.rollout.engine import SamplingParams
 from minirl.rollout.trajectory import FinishReason, Trajectory, Turn
 from minirl.tools.base import ToolExecutor
@@ -115,7 +115,6 @@ def _converse(
     """Run one conversation to its end, filling `traj`; a request that failed raises openai.APIError."""
     task = traj.task
     messages = list(task.messages)
-    allowed = [tool["function"]["name"] for tool in task.tools]
     for turn_index in range(limits.max_turns):
         response = client.chat.completions.create(**_request(model, messages, task, sampling, seed))
         if not response.choices:
@@ -142,16 +141,7 @@ def _converse(
         if choice.finish_reason == "length":
             traj.finish_reason = FinishReason.TURN_TOKENS
             return
-        if parsed.kind is TurnKind.ANSWER:
-            traj.finish_reason = FinishReason.ANSWER
-            return
-        if parsed.kind is TurnKind.INVALID:
-            traj.finish_reason = FinishReason.INVALID
-            return
-        used = sum(len(t.tool_results) for t in traj.turns[:-1])
-        turn.tool_results = executor.execute_many(parsed.tool_calls, allowed, budget=limits.max_tool_calls - used)
-        if turn_index + 1 >= limits.max_turns:
-            traj.finish_reason = FinishReason.MAX_TURNS
+        if not run_turn_tools(traj, turn, turn_index, executor, limits):
             return
         tool_calls = [
             {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}

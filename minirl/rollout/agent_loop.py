@@ -83,6 +83,27 @@ def run_agent(
     return trajectories
 
 
+def run_turn_tools(traj: Trajectory, turn: Turn, turn_index: int, executor: ToolExecutor, limits: AgentLimits) -> bool:
+    """After a turn that ended on its own (not cut by a token limit): an answer or an invalid turn ends the
+    trajectory; otherwise run its calls within the conversation's tool-call budget (results go on the turn)
+    and end at max_turns. Returns whether the trajectory goes on to another turn. Both agent loops (this
+    one and the message-level one in minirl/evaluation) share it."""
+    if turn.parsed.kind is TurnKind.ANSWER:
+        traj.finish_reason = FinishReason.ANSWER
+        return False
+    if turn.parsed.kind is TurnKind.INVALID:
+        traj.finish_reason = FinishReason.INVALID
+        return False
+    used = sum(len(t.tool_results) for t in traj.turns[:-1])
+    turn.tool_results = executor.execute_many(
+        turn.parsed.tool_calls, allowed=_tool_names(traj.task), budget=limits.max_tool_calls - used
+    )
+    if turn_index + 1 >= limits.max_turns:
+        traj.finish_reason = FinishReason.MAX_TURNS
+        return False
+    return True
+
+
 def _advance(
     state: _Live,
     completion,
@@ -117,18 +138,7 @@ def _advance(
     if not completion.stopped:
         traj.finish_reason = FinishReason.TURN_TOKENS
         return
-    if parsed.kind is TurnKind.ANSWER:
-        traj.finish_reason = FinishReason.ANSWER
-        return
-    if parsed.kind is TurnKind.INVALID:
-        traj.finish_reason = FinishReason.INVALID
-        return
-    used = sum(len(t.tool_results) for t in traj.turns[:-1])
-    turn.tool_results = executor.execute_many(
-        parsed.tool_calls, allowed=_tool_names(traj.task), budget=limits.max_tool_calls - used
-    )
-    if turn_index + 1 >= limits.max_turns:
-        traj.finish_reason = FinishReason.MAX_TURNS
+    if not run_turn_tools(traj, turn, turn_index, executor, limits):
         return
     observations = tool_messages(turn.tool_results, tokenizer, protocol.max_tool_output_tokens)
     deltas = turn_deltas(tokenizer, state.history, traj.task.tools, observations)
