@@ -158,3 +158,13 @@ def test_out_of_memory_names_the_phase_the_sizes_and_what_to_lower():
     )
     with pytest.raises(ZeroDivisionError), reported_out_of_memory("rollout", 1, 1, ""):  # others pass unchanged
         _ = 1 / 0
+
+
+def test_a_resumed_run_continues_the_same_wandb_run(cache_dir, tmp_path):
+    wandb = ("logger.backend=wandb", "logger.mode=offline", "trainer.save_every=1")
+    train(debug_config(cache_dir, tmp_path, *wandb))
+    first = load_trainer_state(latest_checkpoint(tmp_path))["run_id"]
+    train(debug_config(cache_dir, tmp_path, *wandb, "trainer.steps=3", "trainer.resume=auto"))
+    assert first and load_trainer_state(latest_checkpoint(tmp_path))["run_id"] == first
+    runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(f"-{first}") for name in runs)  # `wandb sync` joins them
