@@ -24,9 +24,8 @@ import openai
 
 from minirl.config import ProtocolConfig
 from minirl.data.task import Task
-from minirl.protocol.parsing import parse_message
+from minirl.protocol.parsing import THINK_CLOSE, THINK_OPEN, parse_message
 from minirl.registry import ConfigError
-from minirl.rewards.terms import THINK_CLOSE, THINK_OPEN
 from minirl.rollout.agent_loop import AgentLimits, run_turn_tools
 from minirl.rollout.engine import SamplingParams
 from minirl.rollout.trajectory import FinishReason, Trajectory, Turn

@@ -23,6 +23,8 @@ from minirl.protocol.formats import CALL_FORMATS, read_name_and_arguments
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+THINK_OPEN = "<think>"  # reasoning before the answer or the calls; not part of either
+THINK_CLOSE = "</think>"
 
 
 class TurnKind(str, Enum):
@@ -101,7 +103,7 @@ def _without_tags(text: str, tags: tuple[str, ...]) -> str:
 def final_answer_text(text: str) -> str:
     """The user-visible part of an assistant turn: <think> and tool-call blocks removed, and any tool-call
     tag left over (unbalanced, or brought together by a removal), so it never holds tool-call markup."""
-    without_blocks = _without_blocks(_without_blocks(text, "<think>", "</think>"), TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+    without_blocks = _without_blocks(_without_blocks(text, THINK_OPEN, THINK_CLOSE), TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
     return _without_tags(without_blocks, (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)).strip()
 
 

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from minirl.protocol.parsing import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TurnKind
+from minirl.protocol.parsing import THINK_CLOSE, THINK_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TurnKind
 from minirl.registry import ConfigError, Registry
 from minirl.rewards import success
 from minirl.rewards.matching import CJK, has_protocol_markup
@@ -30,8 +30,6 @@ from minirl.rollout.trajectory import FinishReason, Trajectory
 RewardTerm = Callable[[Trajectory], float]
 REWARD_TERMS: Registry[RewardTerm] = Registry("reward term")
 
-THINK_CLOSE = "</think>"
-THINK_OPEN = "<think>"
 _OUT_OF_BUDGET = (FinishReason.MAX_TURNS, FinishReason.TURN_TOKENS, FinishReason.TOKEN_BUDGET)
 # a word is a run of letters/digits; each CJK character is a word of its own (no spaces there)
 _WORDS = re.compile(rf"[{CJK}]|[^\W_{CJK}]+")

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from minirl.protocol.formats import read_name_and_arguments
 from minirl.protocol.parsing import ToolCall
 
 
@@ -131,17 +132,12 @@ def _text(content: Any, where: str) -> str | None:
 
 
 def _arguments(call: MessageToolCall, where: str) -> dict:
-    arguments = call.function.arguments
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as err:
-            raise APIError(400, f"{where} is not valid JSON ({err.msg})", where) from None
-        except RecursionError:
-            raise APIError(400, f"{where} is nested too deeply", where) from None
-    if not isinstance(arguments, dict):
-        raise APIError(400, f"{where} must be a JSON object", where)
-    return arguments
+    """The call's arguments as an object, read as the Hermes format reads them (an object, or a JSON string
+    holding one); a 400 naming `where` otherwise."""
+    read = read_name_and_arguments(call.function.name, call.function.arguments)
+    if isinstance(read, str):
+        raise APIError(400, f"{where}: {read}", where)
+    return read[1]
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:

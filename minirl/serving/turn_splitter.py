@@ -23,9 +23,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from minirl.protocol.parsing import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ParsedTurn, ToolCall, TurnKind
+from minirl.protocol.parsing import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    ParsedTurn,
+    ToolCall,
+    TurnKind,
+)
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _CALL_BLOCK = re.compile(f"{re.escape(TOOL_CALL_OPEN)}.*?{re.escape(TOOL_CALL_CLOSE)}", re.DOTALL)
 
 
