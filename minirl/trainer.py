@@ -108,6 +108,20 @@ class PolicyBatch:
     def to(self, device: torch.device) -> PolicyBatch:
         return self._map(lambda t: t.to(device))
 
+    def narrowed(self) -> tuple[PolicyBatch, int]:
+        """(the same rows over only the columns they use, its first target column in this batch's columns).
+        Inputs end at the longest row; targets start at the first column where a row has an action. A
+        model's log-probs on it equal its log-probs on this batch at those columns: the rows are
+        right-padded and attention is causal, so cut columns change nothing before them."""
+        width = int(self.attention_mask.sum(dim=1).max())
+        actions = (self.mask > 0).any(dim=0).nonzero()
+        first = min(int(actions[0]), width - 2 - self.start) if len(actions) else 0
+        targets = slice(first, width - 1 - self.start)
+        per_target = {name: getattr(self, name) for name in ("old_logp", "mask", "ref_logp", "is_weights")}
+        narrow = {name: t[:, targets] for name, t in per_target.items() if t is not None}
+        inputs = {"input_ids": self.input_ids[:, :width], "attention_mask": self.attention_mask[:, :width]}
+        return replace(self, **inputs, **narrow, start=self.start + first), first
+
 
 def collate(trajs: list[Trajectory], advantages: torch.Tensor, pad_id: int) -> PolicyBatch:
     width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
@@ -152,6 +166,15 @@ def target_logprobs(dist: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
 def token_logprobs(model, batch: PolicyBatch, temperature: float, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
     """[N, L - 1 - start] log-probs of the target tokens under the sampling distribution (sampling_logprobs)."""
     return target_logprobs(sampling_logprobs(model, batch, temperature, top_p, top_k), batch)
+
+
+def micro_batches(batch: PolicyBatch, rows: torch.Tensor, size: int) -> list[tuple[torch.Tensor, PolicyBatch, int]]:
+    """batch[rows] in micro-batches of `size` rows, shortest rows first, each narrowed (PolicyBatch.narrowed):
+    (its row indices, the micro-batch, its first target column in the batch). Rows of similar length share a
+    micro-batch, so little compute goes to padding and to logits of prompt columns."""
+    lengths = batch.attention_mask[rows].sum(dim=1)  # [len(rows)]
+    ordered = rows[torch.argsort(lengths, stable=True)]
+    return [(micro_rows, *batch.rows(micro_rows).narrowed()) for micro_rows in ordered.split(size)]
 
 
 def mini_batch_plan(n: int, epochs: int, mini_batches: int, generator: torch.Generator) -> list[list[torch.Tensor]]:
@@ -245,9 +268,18 @@ class Trainer:
         step, before advantages, since a KL in the reward needs them. None without a reference model."""
         if self.reference is None:
             return None
-        size, n = self.cfg.trainer.micro_batch_size, batch.input_ids.shape[0]
-        micros = (batch.rows(slice(first, first + size)).to(self.device) for first in range(0, n, size))
-        return torch.cat([token_logprobs(self.reference, m, *self.distribution).cpu() for m in micros])
+        return self.batch_logprobs(self.reference, batch, [torch.arange(batch.input_ids.shape[0])])
+
+    @torch.no_grad()
+    def batch_logprobs(self, model, batch: PolicyBatch, mini_batches: list[torch.Tensor]) -> torch.Tensor:
+        """[N, L - 1 - start] `model`'s log-probs of the batch's targets, computed over the micro-batches
+        (micro_batches) of each mini-batch of row indices; 0 in columns a row's micro-batch cut off."""
+        logp = torch.zeros_like(batch.old_logp)
+        for rows in mini_batches:
+            for micro_rows, micro, first in micro_batches(batch, rows, self.cfg.trainer.micro_batch_size):
+                micro_logp = token_logprobs(model, micro.to(self.device), *self.distribution).cpu()
+                logp[micro_rows, first : first + micro_logp.shape[1]] = micro_logp
+        return logp
 
     def shaped_rewards(self, trajs: list[Trajectory], batch: PolicyBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """[N] the rewards the advantages see: with algo.kl_in_reward, r - kl_coef * the trajectory's KL to the
@@ -330,17 +362,11 @@ class Trainer:
         batch = replace(batch, old_logp=old_logp, mask=fix.mask, is_weights=fix.weights)
         return batch, {key: value.item() for key, value in fix.metrics.items()}
 
-    @torch.no_grad()
     def recompute_old_logprobs(self, batch: PolicyBatch, first_epoch: list[torch.Tensor]) -> torch.Tensor:
         """[N, L - 1 - start] log pi_old by the trainer with the current weights, over exactly the micro-batches
         the first epoch runs, so that the first mini-batch's ratios are exactly 1 (same inputs, same kernels)."""
         self.policy.eval()
-        old_logp = torch.zeros_like(batch.old_logp)
-        for rows in first_epoch:
-            for micro_rows in rows.split(self.cfg.trainer.micro_batch_size):
-                micro = batch.rows(micro_rows).to(self.device)
-                old_logp[micro_rows] = token_logprobs(self.policy, micro, *self.distribution).cpu()
-        return old_logp
+        return self.batch_logprobs(self.policy, batch, first_epoch)
 
     def update_policy(self, batch: PolicyBatch, plan: list[list[torch.Tensor]]) -> dict[str, float]:
         """One optimizer step per mini-batch of the plan (epochs x mini-batches of row indices, mini_batch_plan).
@@ -361,8 +387,8 @@ class Trainer:
         drill = self.step in self.cfg.trainer.nan_loss_steps  # fault drill: this step's loss is NaN
         sums: dict[str, torch.Tensor] = {}
         entropy_sum = torch.zeros(())
-        for micro_rows in rows.split(self.cfg.trainer.micro_batch_size):
-            micro = batch.rows(micro_rows).to(self.device)
+        for _, micro, _ in micro_batches(batch, rows, self.cfg.trainer.micro_batch_size):
+            micro = micro.to(self.device)
             dist = sampling_logprobs(self.policy, micro, *self.distribution)  # [b, T, V]
             logp = target_logprobs(dist, micro)  # [b, T]
             out = self.loss_fn(

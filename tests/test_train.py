@@ -17,7 +17,7 @@ from minirl.config import register_configs
 from minirl.data.task import Task
 from minirl.metrics import group_metrics
 from minirl.rollout.trajectory import FinishReason, Trajectory
-from minirl.trainer import Trainer, collate, token_logprobs, train
+from minirl.trainer import Trainer, collate, micro_batches, token_logprobs, train
 
 register_configs()
 
@@ -152,6 +152,23 @@ def test_trainer_micro_batches_give_the_mini_batch_gradient(cache_dir, tmp_path)
     trainer.optimizer_step(batch, rows)  # micro-batches of 2 (debug config): [3, 0], [2]
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(accumulated[0], whole))
     assert any(a.abs().max() > 1e-4 for a in whole)
+
+
+def test_narrowed_micro_batches_score_every_action_token_as_the_whole_batch_does(cache_dir, tmp_path):
+    trainer = Trainer(debug_config(cache_dir, tmp_path, "loss.beta=0", "rollout.group_size=4"), console=None)
+    trajs = trainer.rollout(trainer.train_tasks[:3], 4, 1.0)  # 12 trajectories of three prompts
+    batch = collate(trajs, torch.zeros(len(trajs)), trainer.tokenizer.pad_token_id)
+    whole = token_logprobs(trainer.policy, batch, *trainer.distribution).detach()  # [12, T]
+    micros = micro_batches(batch, torch.arange(len(trajs)), 4)
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
+    assert sorted(int(r) for rows, _, _ in micros for r in rows) == list(range(12))
+    assert [lengths[int(rows[-1])] for rows, _, _ in micros] == sorted(lengths)[3::4]  # shortest rows first
+    assert sum(micro.input_ids.numel() for _, micro, _ in micros) < batch.input_ids.numel()  # padding cut
+    for rows, micro, first in micros:
+        logp = token_logprobs(trainer.policy, micro, *trainer.distribution).detach()
+        kept = slice(first, first + logp.shape[1])
+        assert torch.equal(micro.mask, batch.mask[rows, kept]) and micro.mask.sum() == batch.mask[rows].sum()
+        assert torch.allclose(logp[micro.mask > 0], whole[rows, kept][micro.mask > 0], atol=1e-5)
 
 
 def test_entropy_is_the_policys_mean_over_action_tokens(cache_dir, tmp_path):
