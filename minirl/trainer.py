@@ -115,7 +115,7 @@ class PolicyBatch:
         right-padded and attention is causal, so cut columns change nothing before them."""
         width = int(self.attention_mask.sum(dim=1).max())
         actions = (self.mask > 0).any(dim=0).nonzero()
-        first = min(int(actions[0]), width - 2 - self.start) if len(actions) else 0
+        first = int(actions[0]) if len(actions) else 0  # an action's column always lies before `width`
         targets = slice(first, width - 1 - self.start)
         per_target = {name: getattr(self, name) for name in ("old_logp", "mask", "ref_logp", "is_weights")}
         narrow = {name: t[:, targets] for name, t in per_target.items() if t is not None}
