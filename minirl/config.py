@@ -157,7 +157,7 @@ class ProtocolConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # registry key: hf | vllm
+    engine: str = "hf"  # registry key: hf | torch | vllm
     group_size: int = 8  # trajectories sampled per prompt (G)
     max_turns: int = 3  # assistant turns per trajectory
     max_new_tokens: int = 96  # per assistant turn

@@ -15,7 +15,7 @@ from minirl.data.task import Task
 from minirl.protocol.chat import render
 from minirl.protocol.parsing import CallPolicy, TurnKind
 from minirl.rollout.agent_loop import AgentLimits, run_agent
-from minirl.rollout.engine import Completion, SamplingParams
+from minirl.rollout.engine import ENGINES, Completion, SamplingParams
 from minirl.rollout.trajectory import FinishReason
 from minirl.tools import ToolExecutor, build_tools
 from minirl.tools.minimind import MINIMIND_TOOL_NAMES
@@ -261,13 +261,14 @@ def test_tool_output_enters_the_context_cut_to_its_token_budget(tokenizer, execu
         assert result.content.startswith(tokenizer.decode(tokenizer.encode(result.content)[:3]))
 
 
-def test_hf_engine_logprobs_match_the_trainer(tiny_policy):
-    """Sampler log-probs (HF generate scores) and the trainer's recomputation agree to ~1e-5."""
-    from minirl.rollout.hf_engine import HFEngine
+@pytest.mark.parametrize("engine_name", ["hf", "torch"])
+def test_engine_logprobs_match_the_trainer(tiny_policy, engine_name):
+    """Sampler log-probs (HF generate's scores, the torch loop's own) and the trainer's recomputation agree
+    to ~1e-5."""
     from minirl.trainer import collate, token_logprobs
 
     model, tokenizer, tasks = tiny_policy
-    engine = HFEngine(model, tokenizer, torch.device("cpu"))
+    engine = ENGINES.get(engine_name)(model, tokenizer, torch.device("cpu"))
     executor = ToolExecutor(build_tools(MINIMIND_TOOL_NAMES), timeout_s=2.0, max_output_chars=512)
     limits = AgentLimits(max_turns=2, max_new_tokens=24, max_total_tokens=1024, max_tool_calls=8)
     for temperature in (1.0, 0.7):
@@ -281,15 +282,15 @@ def test_hf_engine_logprobs_match_the_trainer(tiny_policy):
         assert gap < 1e-4, gap
 
 
+@pytest.mark.parametrize("engine_name", ["hf", "torch"])
 @pytest.mark.parametrize(("top_p", "top_k"), [(0.9, 0), (1.0, 20), (0.8, 40)])
-def test_hf_engine_logprobs_match_the_trainer_under_top_p_and_top_k(tiny_policy, top_p, top_k):
+def test_engine_logprobs_match_the_trainer_under_top_p_and_top_k(tiny_policy, engine_name, top_p, top_k):
     """Under top-p / top-k the sampler reports log-probs renormalised over the tokens it could draw; the
     trainer applies the same filter, and without it the two would disagree."""
-    from minirl.rollout.hf_engine import HFEngine
     from minirl.trainer import collate, token_logprobs
 
     model, tokenizer, tasks = tiny_policy
-    engine = HFEngine(model, tokenizer, torch.device("cpu"))
+    engine = ENGINES.get(engine_name)(model, tokenizer, torch.device("cpu"))
     executor = ToolExecutor(build_tools(MINIMIND_TOOL_NAMES), timeout_s=2.0, max_output_chars=512)
     limits = AgentLimits(max_turns=2, max_new_tokens=24, max_total_tokens=1024, max_tool_calls=8)
     torch.manual_seed(0)
@@ -302,3 +303,38 @@ def test_hf_engine_logprobs_match_the_trainer_under_top_p_and_top_k(tiny_policy,
     assert batch.mask.sum() > 0
     assert ((filtered - batch.old_logp).abs() * batch.mask).max().item() < 1e-4
     assert ((unfiltered - batch.old_logp).abs() * batch.mask).max().item() > 1e-2
+
+
+def test_torch_engine_drops_finished_rows_without_changing_the_others(tool_model_dir):
+    """Turns of different lengths in one batch: the torch loop, whose batch shrinks as rows end, writes what
+    generate writes under greedy decoding, and every log-prob it reports while sampling is its token's
+    under a full forward pass of that row alone."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conftest import CALC_TOOL, CONVERSATION, GREETING
+
+    model = AutoModelForCausalLM.from_pretrained(tool_model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tool_model_dir)
+    prompts = [
+        render(tokenizer, CONVERSATION[:2], [CALC_TOOL], add_generation_prompt=True),  # two tool calls
+        render(tokenizer, GREETING[:2], None, add_generation_prompt=True),  # a short greeting
+        render(tokenizer, CONVERSATION[:5], [CALC_TOOL], add_generation_prompt=True),  # the final answer
+    ]
+    fast = ENGINES.get("torch")(model, tokenizer, torch.device("cpu"))
+    reference = ENGINES.get("hf")(model, tokenizer, torch.device("cpu"))
+    greedy = SamplingParams(64, temperature=0.0)
+    ours, theirs = fast.generate(prompts, greedy), reference.generate(prompts, greedy)
+    assert [c.token_ids for c in ours] == [c.token_ids for c in theirs]
+    assert all(c.stopped for c in ours) and len({len(c.token_ids) for c in ours}) > 1
+    for c, r in zip(ours, theirs):
+        assert max(abs(a - b) for a, b in zip(c.logprobs, r.logprobs)) < 1e-4
+
+    torch.manual_seed(0)
+    sampled = fast.generate(prompts * 4, SamplingParams(64, temperature=1.5))
+    assert len({len(c.token_ids) for c in sampled}) > 1  # rows left the batch at different steps
+    for prompt, c in zip(prompts * 4, sampled):
+        ids = torch.tensor([prompt + c.token_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / 1.5  # [T, V]
+        expected = logits.log_softmax(-1).gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
+        assert (expected - torch.tensor(c.logprobs)).abs().max().item() < 1e-4

@@ -1,6 +1,6 @@
-"""Rollout engines and the multi-turn agent loop; importing registers the `hf` and `vllm` engines."""
+"""Rollout engines and the multi-turn agent loop; importing registers the `hf`, `torch` and `vllm` engines."""
 
-from minirl.rollout import hf_engine, vllm_engine
+from minirl.rollout import hf_engine, torch_engine, vllm_engine
 from minirl.rollout.engine import ENGINES, Completion, Engine, SamplingParams
 
-__all__ = ["ENGINES", "Completion", "Engine", "SamplingParams", "hf_engine", "vllm_engine"]
+__all__ = ["ENGINES", "Completion", "Engine", "SamplingParams", "hf_engine", "torch_engine", "vllm_engine"]

@@ -1,10 +1,8 @@
 """Batched step-wise decoding with a KV cache: the server's sampler.
 
-`Decoder.decode(rows)` decodes a fixed set of rows together. The prompts are left-padded into one
-prefill; every later step feeds each live row its last token, with an explicit attention mask and
-position ids so padding never shifts a row's positions. A row finishes on an end-of-turn token, on one
-of its stop strings, at its own max_tokens, or when its sink reports the request cancelled; finished
-rows leave the batch and the KV cache at once, so the remaining steps cost only the live rows.
+`Decoder.decode(rows)` decodes a fixed set of rows together on one KV cache (`minirl.decoding`). A row
+finishes on an end-of-turn token, on one of its stop strings, at its own max_tokens, or when its sink
+reports the request cancelled; finished rows leave the batch and the KV cache at once.
 
 Each row samples with its own temperature (0 = greedy), top-p and top-k (filtered as the trainer
 assumes: `minirl.sampling`) and its own torch.Generator, so a seeded row draws the same tokens
@@ -17,7 +15,6 @@ suffix that may be the start of a stop string).
 
 from __future__ import annotations
 
-import inspect
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,8 +22,8 @@ from enum import Enum
 from typing import Protocol
 
 import torch
-from transformers import DynamicCache
 
+from minirl.decoding import CachedBatch
 from minirl.sampling import outside_top_k_top_p
 
 INCOMPLETE_CHAR = "\ufffd"  # what the byte-level decoder writes for a UTF-8 character cut short
@@ -156,8 +153,6 @@ class Decoder:
         generation_eos = model.generation_config.eos_token_id
         generation_eos = generation_eos if isinstance(generation_eos, list) else [generation_eos]
         self.end_ids = frozenset(t for t in [tokenizer.eos_token_id, *generation_eos] if t is not None)
-        # transformers 5.24 renamed forward's `past_key_values` to `cache`
-        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     @torch.no_grad()
     def decode(self, rows: list[DecodeRow]) -> None:
@@ -170,32 +165,12 @@ class Decoder:
                 live.append(_LiveRow(row, self.tokenizer, self.end_ids, self.device))
         if not live:
             return
-        inputs, attention = self._left_pad([row.row.prompt for row in live])  # [B, P], [B, P]
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [B, P]; pads get 0, masked anyway
-        cache = DynamicCache()  # filled in place by every forward
+        batch = CachedBatch(self.model, [row.row.prompt for row in live], self.pad_id)
         while True:
-            model_inputs = {"input_ids": inputs, "attention_mask": attention, "position_ids": positions}
-            out = self.model(**model_inputs, **{self.cache_arg: cache}, use_cache=True, logits_to_keep=1)
-            logits = out.logits[:, -1].float()  # [B, V]
-            tokens = [row.sample(logits[i]) for i, row in enumerate(live)]
+            tokens = [row.sample(batch.logits[i]) for i, row in enumerate(live)]
             keep = [i for i, (row, token) in enumerate(zip(live, tokens)) if not row.advance(token)]
             if not keep:
                 return
-            if len(keep) < len(live):
-                index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                attention, positions = attention[index], positions[index]
-                live, tokens = [live[i] for i in keep], [tokens[i] for i in keep]
-            inputs = torch.tensor(tokens, device=self.device).unsqueeze(1)  # [B, 1]
-            attention = torch.cat([attention, attention.new_ones(len(live), 1)], dim=1)  # [B, P + t]
-            positions = positions[:, -1:] + 1  # [B, 1]
-
-    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, P] token ids and attention mask, each prompt right-aligned."""
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros_like(ids)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            attention[row, width - len(prompt) :] = 1
-        return ids.to(self.device), attention.to(self.device)
+            dropped = len(keep) < len(live)
+            live, tokens = [live[i] for i in keep], [tokens[i] for i in keep]
+            batch.step(torch.tensor(tokens), torch.tensor(keep) if dropped else None)

@@ -1,0 +1,70 @@
+"""Step-wise decoding of a batch of prompts on one KV cache: the core of the `torch` rollout engine and
+of the server's decoder.
+
+The prompts are left-padded into one prefill; every later step feeds each live row its last token,
+with an explicit attention mask and position ids so padding never shifts a row's positions. Rows that
+finish leave the batch and the KV cache at once, so the remaining steps cost only the live rows.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+
+def cache_argument(model) -> str:
+    """The name of forward's KV-cache argument: transformers 5.24 renamed `past_key_values` to `cache`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+class CachedBatch:
+    """Prompts decoding together on `model` (an eval-mode causal LM); `logits` holds the live rows'
+    next-token logits, [B, V] float32, B = rows still in the batch, in their original order."""
+
+    def __init__(self, model, prompts: list[list[int]], pad_id: int) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.cache_arg = cache_argument(model)
+        self.cache = DynamicCache()  # filled in place by every forward
+        # a group's samples share one prompt: prefill each distinct prompt once, then copy its row
+        distinct = list(dict.fromkeys(map(tuple, prompts)))
+        width = max(len(p) for p in distinct)
+        ids = torch.full((len(distinct), width), pad_id, dtype=torch.long)  # [U, P] right-aligned prompts
+        attention = torch.zeros_like(ids)
+        for row, prompt in enumerate(distinct):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            attention[row, width - len(prompt) :] = 1
+        attention = attention.to(self.device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [U, P]; pads get 0, masked anyway
+        self.attention = attention  # [U, P + steps] until the copy below
+        logits = self._forward(ids.to(self.device), positions)  # [U, V]
+        copies = {prompt: row for row, prompt in enumerate(distinct)}
+        rows = torch.tensor([copies[tuple(p)] for p in prompts], device=self.device)  # [B] distinct row of each
+        self.cache.batch_select_indices(rows)
+        self.attention, self.positions = attention[rows], positions[rows, -1:]  # [B, P], [B, 1]
+        self.logits = logits[rows]  # [B, V]
+
+    def step(self, tokens: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Drop the rows not in `keep` (indices into the current rows, ascending; None keeps all), feed
+        each kept row its next token (`tokens`: [B'] ids of the kept rows) and return their logits."""
+        if keep is not None:
+            keep = keep.to(self.device)
+            self.cache.batch_select_indices(keep)
+            self.attention, self.positions = self.attention[keep], self.positions[keep]
+        self.attention = torch.cat([self.attention, self.attention.new_ones(len(self.attention), 1)], dim=1)
+        self.positions = self.positions + 1
+        self.logits = self._forward(tokens.to(self.device).view(-1, 1), self.positions)
+        return self.logits
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self.attention,
+            position_ids=positions,
+            **{self.cache_arg: self.cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1].float()  # [B, V]

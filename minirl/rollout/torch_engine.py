@@ -1,0 +1,71 @@
+"""Rollouts with a plain PyTorch decoding loop on the policy module itself (CPU or one GPU).
+
+Unlike `generate`, which steps every row until the longest one ends, a row leaves the batch and the KV
+cache as soon as it samples the end-of-turn token (`minirl.decoding.CachedBatch`), so a batch whose
+turns are mostly short costs about its mean length, not its longest.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minirl.decoding import CachedBatch
+from minirl.rollout.engine import ENGINES, Completion, SamplingParams
+from minirl.sampling import outside_top_k_top_p
+
+
+def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of `logits` ([B, V] float32) and its log-prob ([B] each) under the distribution it
+    was drawn from: temperature, then top-k and top-p, as generate's warpers; temperature 0 = greedy,
+    scored under the raw logits as generate scores it."""
+    if params.temperature == 0:
+        tokens = logits.argmax(dim=-1)
+        return tokens, logits.log_softmax(dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    scaled = logits / params.temperature
+    if params.top_k > 0 or params.top_p < 1:
+        scaled = scaled.masked_fill(outside_top_k_top_p(scaled, params.top_p, params.top_k), -torch.inf)
+    logprobs = scaled.log_softmax(dim=-1)  # [B, V]
+    tokens = torch.multinomial(logprobs.exp(), 1).squeeze(-1)  # [B]
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+@ENGINES.register("torch")
+class TorchEngine:
+    """Samples token by token on the trained module; finished rows leave the batch at once."""
+
+    def __init__(self, model, tokenizer, device: torch.device, **_: object) -> None:
+        self.model = model
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+
+    def sync_weights(self, model) -> None:
+        self.model = model  # generation runs on the trained module itself: nothing to copy
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        if not prompts:
+            return []
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        was_training = self.model.training
+        self.model.eval()
+        completions = [Completion([], [], False) for _ in prompts]
+        live = list(range(len(prompts)))  # indices into `prompts` of the rows still in the batch
+        batch = CachedBatch(self.model, prompts, self.pad_id)
+        for step in range(params.max_new_tokens):
+            tokens, logprobs = sample_tokens(batch.logits, params)
+            for row, token, logprob in zip(live, tokens.tolist(), logprobs.tolist()):
+                completions[row].token_ids.append(token)
+                completions[row].logprobs.append(logprob)
+                completions[row].stopped = token == self.eos_id
+            going = tokens != self.eos_id  # [B]
+            if step == params.max_new_tokens - 1 or not going.any():
+                break
+            if going.all():
+                batch.step(tokens)
+            else:
+                keep = going.nonzero().squeeze(-1)
+                live = [live[i] for i in keep.tolist()]
+                batch.step(tokens[keep], keep)
+        self.model.train(was_training)
+        return completions
