@@ -1,5 +1,5 @@
 """The multi-turn agent loop with the real tokenizer, real tools and a scripted engine, and the
-HF engine's log-probs against the trainer's."""
+engines' log-probs against the trainer's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import third_party_template
+from conftest import CALC_TOOL, CONVERSATION, GREETING, third_party_template
 
 from minirl.config import ProtocolConfig
 from minirl.data.synthetic_tools import train_heldout_split
@@ -310,8 +310,6 @@ def test_torch_engine_drops_finished_rows_without_changing_the_others(tool_model
     generate writes under greedy decoding, and every log-prob it reports while sampling is its token's
     under a full forward pass of that row alone."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from conftest import CALC_TOOL, CONVERSATION, GREETING
 
     model = AutoModelForCausalLM.from_pretrained(tool_model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(tool_model_dir)
