@@ -308,6 +308,14 @@ def test_score_is_the_clipped_weighted_sum_with_every_term_logged():
     assert score(correct(), SimpleNamespace(weights={"gt_hit": 10.0}, clip=3.0))[0] == 3.0  # clipped above
 
 
+def test_a_trajectory_that_earns_nothing_scores_a_float_zero():
+    """Under the outcome reward a wrong answer earns no term at all; its reward must still be a float, or
+    a batch of them becomes an integer tensor that the advantage estimators cannot average."""
+    wrong = traj([turn(WEATHER, result()), turn("It is 19°C in Paris.")], FinishReason.ANSWER)
+    total, terms = score(wrong, SimpleNamespace(weights={"gt_hit": 1.0}, clip=3.0))
+    assert total == 0.0 and isinstance(total, float) and terms["gt_hit"] == 0.0
+
+
 def test_unknown_or_bad_weight_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown reward term 'gt_hits'; known: answer_length, boxed_answer, gt_hit"):
         check_weights({"gt_hits": 1.0})

@@ -202,8 +202,8 @@ def score(traj: Trajectory, cfg: RewardWeights) -> tuple[float, dict[str, float]
     check_weights(cfg.weights)
     # "+ 0.0" turns the -0.0 of a zero weight times a penalty into 0.0 in the logs
     weighted = {name: float(cfg.weights.get(name, 0.0)) * v + 0.0 for name, v in term_values(traj).items()}
-    bonuses = sum(v for v in weighted.values() if v > 0)
-    penalties = sum(v for v in weighted.values() if v < 0)
+    bonuses = sum((v for v in weighted.values() if v > 0), 0.0)
+    penalties = sum((v for v in weighted.values() if v < 0), 0.0)
     total = max(min(bonuses, cfg.clip) + penalties, -cfg.clip)
     return total, weighted
 
