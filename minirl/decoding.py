@@ -1,9 +1,13 @@
-"""Step-wise decoding of a batch of prompts on one KV cache: the core of the `torch` rollout engine and
-of the server's decoder.
+"""Forward passes that reuse a KV cache instead of recomputing what rows share.
 
-The prompts are left-padded into one prefill; every later step feeds each live row its last token,
-with an explicit attention mask and position ids so padding never shifts a row's positions. Rows that
-finish leave the batch and the KV cache at once, so the remaining steps cost only the live rows.
+`CachedBatch`: step-wise decoding of a batch of prompts on one KV cache, the core of the `torch` rollout
+engine and of the server's decoder. The distinct prompts are left-padded into one prefill; every later
+step feeds each live row its last token, with an explicit attention mask and position ids so padding
+never shifts a row's positions. Rows that finish leave the batch and the KV cache at once, so the
+remaining steps cost only the live rows.
+
+`shared_prefix_logits`: the trainer's forward over whole trajectories, with the prefix that all rows
+share (the system prompt and tool schemas, a group's prompt) encoded once.
 """
 
 from __future__ import annotations
@@ -68,3 +72,32 @@ class CachedBatch:
             logits_to_keep=1,
         )
         return out.logits[:, -1].float()  # [B, V]
+
+
+def shared_prefix_logits(
+    model,
+    input_ids: torch.Tensor,  # [N, L] right-padded rows
+    attention_mask: torch.Tensor,  # [N, L]
+    keep: int,  # logits of the last `keep` positions
+) -> torch.Tensor:  # [N, keep, V]
+    """`model(input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits`, with the leading
+    columns that every row shares, up to the first kept position, run once for one row and their KV cache
+    copied to all rows. Gradients reach the shared prefix from every row, as in the plain forward."""
+    n, width = input_ids.shape
+    shared = (input_ids == input_ids[:1]).all(dim=0) & attention_mask.bool().all(dim=0)  # [L]
+    prefix = min(int(shared.long().cumprod(dim=0).sum()), width - keep)
+    if n == 1 or prefix == 0:
+        return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
+    cache_arg = {cache_argument(model): DynamicCache()}
+    model(input_ids=input_ids[:1, :prefix], **cache_arg, use_cache=True, logits_to_keep=1)
+    next(iter(cache_arg.values())).batch_select_indices(torch.zeros(n, dtype=torch.long, device=input_ids.device))
+    positions = torch.arange(prefix, width, device=input_ids.device).expand(n, -1)  # [N, L - prefix]
+    out = model(
+        input_ids=input_ids[:, prefix:],
+        attention_mask=attention_mask,
+        position_ids=positions,
+        **cache_arg,
+        use_cache=True,
+        logits_to_keep=keep,
+    )
+    return out.logits

@@ -38,6 +38,7 @@ from minirl.checkpoint import latest_checkpoint, load_trainer_state, restore_rng
 from minirl.config import Config, LRSchedule, OldLogprobs, Overlong, Resume
 from minirl.data import DATASETS, WARM_START_CORPORA
 from minirl.data.task import Task
+from minirl.decoding import shared_prefix_logits
 from minirl.faults import TrainingError, reported_out_of_memory
 from minirl.inspection import (
     TRAJECTORIES_FILE,
@@ -149,7 +150,7 @@ def sampling_logprobs(
     report as sampler log-probs. The target token always stays in: it was sampled, so it lies in the sampler's
     kept set, and a rounding difference at the set's edge must not give it log-prob -inf."""
     keep = batch.input_ids.shape[1] - batch.start  # logits only where an action can be predicted
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits
+    logits = shared_prefix_logits(model, batch.input_ids, batch.attention_mask, keep)
     logits = logits[:, :-1].float() / temperature  # [N, L - 1 - start, V]
     if top_k > 0 or top_p < 1:
         removed = outside_top_k_top_p(logits, top_p, top_k)
