@@ -38,13 +38,13 @@ class TinyModelConfig:
 
     vocab_size: int = 1024
     hidden_size: int = 128
-    num_layers: int = 2
+    num_layers: int = 3
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 512
     max_position_embeddings: int = 2048
     tokenizer_corpus_rows: int = 3000  # synthetic conversations the BPE merges are learned from
-    copy_pretrain_steps: int = 500  # random-string copying before SFT (see models/tiny.py)
+    copy_pretrain_steps: int = 700  # random-string copying before SFT (see models/tiny.py)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -157,7 +157,7 @@ class ProtocolConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # registry key: hf | torch | vllm
+    engine: str = "torch"  # registry key: torch | hf | vllm
     group_size: int = 8  # trajectories sampled per prompt (G)
     max_turns: int = 3  # assistant turns per trajectory
     max_new_tokens: int = 96  # per assistant turn
@@ -237,8 +237,8 @@ class AlgoConfig:
     rollout_is_threshold: float = 2.0  # C
     # DAPO dynamic sampling (minirl/algos/dapo.py): drop groups whose rewards all tie; then roll out up to
     # max_resample_rounds more rounds of prompts_per_step prompts until prompts_per_step groups are kept
-    dynamic_sampling: bool = False
-    max_resample_rounds: int = 0
+    dynamic_sampling: bool = True
+    max_resample_rounds: int = 1
     # trajectories cut by rollout.max_new_tokens or rollout.max_total_tokens: off | mask (no loss) | penalty
     # (DAPO's soft overlong punishment: from overlong_buffer tokens before the nearer limit down to -overlong_penalty)
     overlong: Overlong = Overlong.off
@@ -304,10 +304,10 @@ class LRSchedule(str, Enum):
 
 @dataclass
 class TrainerConfig:
-    steps: int = 60
+    steps: int = 50
     prompts_per_step: int = 8  # tasks per step; the batch holds prompts_per_step * group_size trajectories
-    lr: float = 1e-4
-    lr_schedule: LRSchedule = LRSchedule.constant
+    lr: float = 2e-4
+    lr_schedule: LRSchedule = LRSchedule.cosine
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0

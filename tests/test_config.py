@@ -192,4 +192,4 @@ def test_cfg_job_prints_the_composed_config(tmp_path):
     )
     assert proc.returncode == 0
     printed = OmegaConf.create(proc.stdout)
-    assert printed.loss.name == "cispo" and printed.rollout.engine == "hf" and printed.protocol.format == "hermes"
+    assert printed.loss.name == "cispo" and printed.rollout.engine == "torch" and printed.protocol.format == "hermes"

@@ -209,7 +209,7 @@ def test_console_panel_highlights_exactly_the_loss_carrying_text(run_dir):
     console.print(trajectory_panel(calc), trajectory_panel(hostile))
     shown = console.export_text()
     for needed in ("step 10 · group 0 · task calc (double)", "assistant (tool)", "tool calculate_math: ok",
-                   "-> calculate_math", "end answer", "gt_hit +2.50", "loss: sampled by the policy"):  # fmt: skip
+                   "-> calculate_math", "end answer", "gt_hit +1.00", "loss: sampled by the policy"):  # fmt: skip
         assert needed in shown
     assert "[bold red]not markup[/]" in shown  # model text is never read as markup
 

@@ -213,7 +213,10 @@ def test_overlong_penalty_is_dapos_soft_punishment():
     [
         (["algo.rollout_is=token"], "algo.rollout_is: token needs the trainer's old log-probs"),
         (["algo.old_logprobs=recompute", "algo.rollout_is_threshold=0.5"], "algo.rollout_is_threshold"),
-        (["algo.max_resample_rounds=2"], "algo.max_resample_rounds: .* set algo.dynamic_sampling=true"),
+        (
+            ["algo.dynamic_sampling=false", "algo.max_resample_rounds=2"],
+            "algo.max_resample_rounds: .* set algo.dynamic_sampling=true",
+        ),
         (["algo.overlong=penalty", "algo.overlong_buffer=96"], "algo.overlong_buffer: must be < rollout.max_new"),
         (["algo.overlong_penalty=-1"], "algo.overlong_penalty"),
         (["trainer.mini_batches=0"], "trainer.mini_batches: must be > 0"),

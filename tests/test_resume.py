@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import debug_config
+from conftest import SHAPED_REWARD, debug_config
 
 from minirl.checkpoint import CHECKPOINTS, checkpoints, latest_checkpoint, load_trainer_state
 from minirl.faults import TrainingError, reported_out_of_memory
@@ -109,7 +110,7 @@ def test_resume_auto_without_a_checkpoint_starts_from_step_zero(cache_dir, tmp_p
 
 
 def test_a_nan_step_skips_its_update_and_is_counted(cache_dir, tmp_path):
-    cfg = debug_config(cache_dir, tmp_path, "trainer.steps=3", "trainer.nan_loss_steps=[2]")
+    cfg = debug_config(cache_dir, tmp_path, "trainer.steps=3", "trainer.nan_loss_steps=[2]", SHAPED_REWARD)
     trainer = Trainer(cfg)
     before = {}
 
@@ -167,4 +168,5 @@ def test_a_resumed_run_continues_the_same_wandb_run(cache_dir, tmp_path):
     train(debug_config(cache_dir, tmp_path, *wandb, "trainer.steps=3", "trainer.resume=auto"))
     assert first and load_trainer_state(latest_checkpoint(tmp_path))["run_id"] == first
     runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(name.endswith(f"-{first}") for name in runs)  # `wandb sync` joins them
+    # `wandb sync` joins them; wandb adds "-1" to a second folder made in the same second
+    assert len(runs) == 2 and all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{first}(-\d+)?", name) for name in runs)

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import debug_config
+from conftest import SHAPED_REWARD, debug_config
 from transformers import AutoModelForCausalLM
 
 from minirl.config import register_configs
 from minirl.data.task import Task
+from minirl.decoding import shared_prefix_logits
 from minirl.metrics import group_metrics
 from minirl.rollout.trajectory import FinishReason, Trajectory
 from minirl.trainer import Trainer, collate, micro_batches, token_logprobs, train
@@ -117,7 +118,7 @@ def shift_sampler_logprobs(trajs: list[Trajectory], shifts: list[float]) -> None
 
 
 def test_mini_batches_take_one_optimizer_step_each_and_recompute_starts_at_ratio_one(cache_dir, tmp_path):
-    overrides = ["trainer.ppo_epochs=2", "trainer.mini_batches=2", "trainer.micro_batch_size=1"]
+    overrides = ["trainer.ppo_epochs=2", "trainer.mini_batches=2", "trainer.micro_batch_size=1", SHAPED_REWARD]
     trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides, "algo.old_logprobs=recompute"), console=None)
     calls = record_loss_calls(trainer)
     _, trajs = trainer.sample_groups()
@@ -169,6 +170,32 @@ def test_narrowed_micro_batches_score_every_action_token_as_the_whole_batch_does
         kept = slice(first, first + logp.shape[1])
         assert torch.equal(micro.mask, batch.mask[rows, kept]) and micro.mask.sum() == batch.mask[rows].sum()
         assert torch.allclose(logp[micro.mask > 0], whole[rows, kept][micro.mask > 0], atol=1e-5)
+
+
+def test_shared_prefix_forward_gives_the_plain_forwards_logits_and_gradients(cache_dir, tmp_path):
+    trainer = Trainer(debug_config(cache_dir, tmp_path, "loss.beta=0", "rollout.group_size=4"), console=None)
+    trajs = trainer.rollout(trainer.train_tasks[:3], 4, 1.0)  # 12 trajectories of three prompts
+    batch = collate(trajs, torch.zeros(len(trajs)), trainer.tokenizer.pad_token_id)
+    shared = (batch.input_ids == batch.input_ids[:1]).all(dim=0).long().cumprod(dim=0).sum()
+    assert 0 < shared <= batch.start  # the system prompt is shared, the questions differ
+    keep = batch.input_ids.shape[1] - batch.start
+    weights = torch.randn(
+        len(trajs), keep, trainer.policy.config.vocab_size, generator=torch.Generator().manual_seed(0)
+    )
+    results = []
+    for forward in (plain_logits, shared_prefix_logits):
+        trainer.policy.zero_grad()
+        logits = forward(trainer.policy, batch.input_ids, batch.attention_mask, keep)  # [12, keep, V]
+        (logits * weights * batch.attention_mask[:, -keep:, None]).sum().backward()
+        results.append((logits.detach(), [p.grad.clone() for p in trainer.policy.parameters()]))
+    (plain, plain_grads), (ours, our_grads) = results
+    real = batch.attention_mask[:, -keep:] > 0  # logits at padding are never used
+    assert torch.allclose(ours[real], plain[real], atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(our_grads, plain_grads))
+
+
+def plain_logits(model, input_ids, attention_mask, keep):
+    return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
 
 
 def test_entropy_is_the_policys_mean_over_action_tokens(cache_dir, tmp_path):
