@@ -192,3 +192,10 @@ def test_exact_rejections(expression, fragment):
     with pytest.raises(MathError, match=re.escape(fragment)):
         evaluate_exact(expression)
     assert time.perf_counter() - started < 0.5
+
+
+@pytest.mark.parametrize("expression", ["204kg", "3in [3]", "1if 1 else 2"])
+def test_text_the_parser_warns_about_is_rejected_without_a_warning(expression, recwarn):
+    with pytest.raises(MathError):
+        evaluate(expression)
+    assert not [w for w in recwarn if issubclass(w.category, SyntaxWarning)]

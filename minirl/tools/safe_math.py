@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import warnings
 from collections.abc import Callable
 from decimal import Decimal
 from fractions import Fraction
@@ -143,7 +144,11 @@ def _parse(expression: str, max_length: int) -> ast.Expression:
     if len(expression) > max_length:
         raise MathError(f"the expression is {len(expression)} characters long; the limit is {max_length}")
     try:
-        return ast.parse(expression.strip(), mode="eval")
+        # the parser warns on stderr about text like "204kg" ("invalid decimal literal") before it fails or
+        # yields a tree the whitelist refuses; the caller gets the error, the console stays clean
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            return ast.parse(expression.strip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
         raise MathError(f"not a valid arithmetic expression: {expression!r}") from err
 
