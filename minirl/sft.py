@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from minirl.config import Config, SFTConfig
-from minirl.decoding import shared_prefix_logits
 from minirl.protocol.chat import TemplateError, render
 
 
@@ -77,12 +76,11 @@ def assistant_token_loss(model, ids: torch.Tensor, attention: torch.Tensor, labe
     """Mean next-token cross-entropy over the labelled tokens of a [B, L] batch (-100 = no loss).
 
     Logits are computed only from the first labelled position on: the prompt (system message
-    and tool schemas, most of each row) is context, and the LM head over it would be wasted. The
-    leading tokens all rows share (the system message and tool schemas) are encoded once.
+    and tool schemas, most of each row) is context, and the LM head over it would be wasted.
     """
     first = int((labels != -100).any(dim=0).nonzero()[0])  # earliest labelled position in the batch
     keep = ids.shape[1] - first + 1  # from the position that predicts it
-    logits = shared_prefix_logits(model, ids, attention, keep)[:, :-1]  # [B, keep-1, V]
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits[:, :-1]  # [B, keep-1, V]
     targets = labels[:, first:]  # [B, keep-1]
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
