@@ -306,7 +306,7 @@ class LRSchedule(str, Enum):
 class TrainerConfig:
     steps: int = 50
     prompts_per_step: int = 8  # tasks per step; the batch holds prompts_per_step * group_size trajectories
-    lr: float = 2e-4
+    lr: float = 3e-4
     lr_schedule: LRSchedule = LRSchedule.cosine
     warmup_steps: int = 0
     weight_decay: float = 0.0
