@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+import torch
+
 from minirl.registry import Registry
 
 if TYPE_CHECKING:
@@ -42,6 +44,37 @@ class Engine(Protocol):
 
     def sync_weights(self, model) -> None:
         """Make the next generate() sample from `model`'s current weights."""
+
+
+class ModuleEngine:
+    """Base of the engines that sample on the trained module itself (CPU or one GPU): a weight sync has
+    nothing to copy, and the module samples in eval mode, then goes back to the mode it was in."""
+
+    def __init__(self, model, tokenizer, device: torch.device, **_: object) -> None:
+        self.model = model
+        self.device = device
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+
+    def sync_weights(self, model) -> None:
+        self.model = model
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        if not prompts:
+            return []
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self.sample(prompts, params)
+        finally:
+            self.model.train(was_training)
+
+    def sample(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """One completion per prompt (at least one prompt), in order, from the eval-mode module."""
+        raise NotImplementedError
 
 
 ENGINES: Registry[type] = Registry("rollout engine")

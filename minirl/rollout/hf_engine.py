@@ -5,28 +5,15 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
-from minirl.rollout.engine import ENGINES, Completion, SamplingParams
+from minirl.rollout.engine import ENGINES, Completion, ModuleEngine, SamplingParams
 
 
 @ENGINES.register("hf")
-class HFEngine:
+class HFEngine(ModuleEngine):
     """Samples with `model.generate`; log-probs come from the processed scores, i.e. the
     distribution actually sampled from (after temperature, top-k and top-p)."""
 
-    def __init__(self, model, tokenizer, device: torch.device, **_: object) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-        self.device = device
-        self.eos_id = tokenizer.eos_token_id
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
-
-    def sync_weights(self, model) -> None:
-        self.model = model  # generation runs on the trained module itself: nothing to copy
-
-    @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        if not prompts:
-            return []
+    def sample(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # [B, P] left-padded
         attention = torch.zeros_like(ids)
@@ -45,14 +32,9 @@ class HFEngine:
             return_dict_in_generate=True,
             **sampling,
         )
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
-        was_training = self.model.training
-        self.model.eval()
         out = self.model.generate(
             input_ids=ids.to(self.device), attention_mask=attention.to(self.device), generation_config=config
         )
-        self.model.train(was_training)
         new_tokens = out.sequences[:, width:].cpu()  # [B, T]
         scores = torch.stack(out.scores, dim=1).float().cpu()  # [B, T, V] processed logits
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)  # [B, T]

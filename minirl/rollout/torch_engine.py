@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from minirl.decoding import CachedBatch
-from minirl.rollout.engine import ENGINES, Completion, SamplingParams
+from minirl.rollout.engine import ENGINES, Completion, ModuleEngine, SamplingParams
 from minirl.sampling import outside_top_k_top_p
 
 
@@ -30,25 +30,10 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.T
 
 
 @ENGINES.register("torch")
-class TorchEngine:
+class TorchEngine(ModuleEngine):
     """Samples token by token on the trained module; finished rows leave the batch at once."""
 
-    def __init__(self, model, tokenizer, device: torch.device, **_: object) -> None:
-        self.model = model
-        self.eos_id = tokenizer.eos_token_id
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
-
-    def sync_weights(self, model) -> None:
-        self.model = model  # generation runs on the trained module itself: nothing to copy
-
-    @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        if not prompts:
-            return []
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
-        was_training = self.model.training
-        self.model.eval()
+    def sample(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         completions = [Completion([], [], False) for _ in prompts]
         live = list(range(len(prompts)))  # indices into `prompts` of the rows still in the batch
         batch = CachedBatch(self.model, prompts, self.pad_id)
@@ -67,5 +52,4 @@ class TorchEngine:
                 keep = going.nonzero().squeeze(-1)
                 live = [live[i] for i in keep.tolist()]
                 batch.step(tokens[keep], keep)
-        self.model.train(was_training)
         return completions
