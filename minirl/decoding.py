@@ -23,6 +23,17 @@ def cache_argument(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, P] token ids and attention mask of `prompts`, each right-aligned after `pad_id` padding."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        attention[row, width - len(prompt) :] = 1
+    return ids, attention
+
+
 class CachedBatch:
     """Prompts decoding together on `model` (an eval-mode causal LM); `logits` holds the live rows'
     next-token logits, [B, V] float32, B = rows still in the batch, in their original order."""
@@ -34,20 +45,13 @@ class CachedBatch:
         self.cache = DynamicCache()  # filled in place by every forward
         # a group's samples share one prompt: prefill each distinct prompt once, then copy its row
         distinct = list(dict.fromkeys(map(tuple, prompts)))
-        width = max(len(p) for p in distinct)
-        ids = torch.full((len(distinct), width), pad_id, dtype=torch.long)  # [U, P] right-aligned prompts
-        attention = torch.zeros_like(ids)
-        for row, prompt in enumerate(distinct):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            attention[row, width - len(prompt) :] = 1
-        attention = attention.to(self.device)
+        ids, attention = (t.to(self.device) for t in left_padded(distinct, pad_id))  # [U, P] each
         positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [U, P]; pads get 0, masked anyway
-        self.attention = attention  # [U, P + steps] until the copy below
-        logits = self._forward(ids.to(self.device), positions)  # [U, V]
+        logits = self._forward(ids, attention, positions)  # [U, V]
         copies = {prompt: row for row, prompt in enumerate(distinct)}
         rows = torch.tensor([copies[tuple(p)] for p in prompts], device=self.device)  # [B] distinct row of each
         self.cache.batch_select_indices(rows)
-        self.attention, self.positions = attention[rows], positions[rows, -1:]  # [B, P], [B, 1]
+        self.attention, self.positions = attention[rows], positions[rows, -1:]  # [B, P + steps], [B, 1]
         self.logits = logits[rows]  # [B, V]
 
     def step(self, tokens: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -59,13 +63,13 @@ class CachedBatch:
             self.attention, self.positions = self.attention[keep], self.positions[keep]
         self.attention = torch.cat([self.attention, self.attention.new_ones(len(self.attention), 1)], dim=1)
         self.positions = self.positions + 1
-        self.logits = self._forward(tokens.to(self.device).view(-1, 1), self.positions)
+        self.logits = self._forward(tokens.to(self.device).view(-1, 1), self.attention, self.positions)
         return self.logits
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         out = self.model(
             input_ids=ids,
-            attention_mask=self.attention,
+            attention_mask=attention,
             position_ids=positions,
             **{self.cache_arg: self.cache},
             use_cache=True,
@@ -88,9 +92,10 @@ def shared_prefix_logits(
     prefix = min(int(shared.long().cumprod(dim=0).sum()), width - keep)
     if n == 1 or prefix == 0:
         return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
-    cache_arg = {cache_argument(model): DynamicCache()}
+    cache = DynamicCache()
+    cache_arg = {cache_argument(model): cache}
     model(input_ids=input_ids[:1, :prefix], **cache_arg, use_cache=True, logits_to_keep=1)
-    next(iter(cache_arg.values())).batch_select_indices(torch.zeros(n, dtype=torch.long, device=input_ids.device))
+    cache.batch_select_indices(torch.zeros(n, dtype=torch.long, device=input_ids.device))  # one copy per row
     positions = torch.arange(prefix, width, device=input_ids.device).expand(n, -1)  # [N, L - prefix]
     out = model(
         input_ids=input_ids[:, prefix:],

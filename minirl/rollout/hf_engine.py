@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
+from minirl.decoding import left_padded
 from minirl.rollout.engine import ENGINES, Completion, ModuleEngine, SamplingParams
 
 
@@ -14,12 +15,8 @@ class HFEngine(ModuleEngine):
     distribution actually sampled from (after temperature, top-k and top-p)."""
 
     def sample(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # [B, P] left-padded
-        attention = torch.zeros_like(ids)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            attention[row, width - len(prompt) :] = 1
+        ids, attention = left_padded(prompts, self.pad_id)  # [B, P] each
+        width = ids.shape[1]
         # explicit sampling values: None would fall back to generation defaults such as top_k=50
         sampling = {"do_sample": False} if params.temperature == 0 else {
             "do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,

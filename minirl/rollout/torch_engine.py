@@ -19,13 +19,14 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.T
     was drawn from: temperature, then top-k and top-p, as generate's warpers; temperature 0 = greedy,
     scored under the raw logits as generate scores it."""
     if params.temperature == 0:
-        tokens = logits.argmax(dim=-1)
-        return tokens, logits.log_softmax(dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-    scaled = logits / params.temperature
-    if params.top_k > 0 or params.top_p < 1:
-        scaled = scaled.masked_fill(outside_top_k_top_p(scaled, params.top_p, params.top_k), -torch.inf)
-    logprobs = scaled.log_softmax(dim=-1)  # [B, V]
-    tokens = torch.multinomial(logprobs.exp(), 1).squeeze(-1)  # [B]
+        tokens = logits.argmax(dim=-1)  # [B]
+        logprobs = logits.log_softmax(dim=-1)  # [B, V]
+    else:
+        scaled = logits / params.temperature
+        if params.top_k > 0 or params.top_p < 1:
+            scaled = scaled.masked_fill(outside_top_k_top_p(scaled, params.top_p, params.top_k), -torch.inf)
+        logprobs = scaled.log_softmax(dim=-1)
+        tokens = torch.multinomial(logprobs.exp(), 1).squeeze(-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -42,7 +43,6 @@ class TorchEngine(ModuleEngine):
             for row, token, logprob in zip(live, tokens.tolist(), logprobs.tolist()):
                 completions[row].token_ids.append(token)
                 completions[row].logprobs.append(logprob)
-                completions[row].stopped = token == self.eos_id
             going = tokens != self.eos_id  # [B]
             if step == params.max_new_tokens - 1 or not going.any():
                 break
@@ -52,4 +52,6 @@ class TorchEngine(ModuleEngine):
                 keep = going.nonzero().squeeze(-1)
                 live = [live[i] for i in keep.tolist()]
                 batch.step(tokens[keep], keep)
+        for completion in completions:
+            completion.stopped = completion.token_ids[-1] == self.eos_id
         return completions
