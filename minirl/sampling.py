@@ -1,4 +1,5 @@
-"""Top-k / top-p filtering shared by the trainer's log-prob recomputation and the server's sampler."""
+"""Top-k / top-p filtering shared by the trainer's log-prob recomputation and the samplers, and the draw
+the samplers make from the filtered distribution."""
 
 from __future__ import annotations
 
@@ -25,3 +26,14 @@ def outside_top_k_top_p(
         drop[..., -1] = False
         removed = removed | drop.scatter(-1, order, drop)
     return removed
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:  # [B, V] -> [B]
+    """One token per row of `probs` (non-negative, rows need not sum to 1) by inverse-CDF sampling: a
+    uniform draw located in the row's cumulative sum. Same distribution as `torch.multinomial(probs, 1)`,
+    several times faster on CPU (multinomial draws an exponential variate for every entry). A token of
+    probability 0 is never drawn: the row's CDF is scaled to end at exactly 1 and the search is strict."""
+    cdf = probs.cumsum(dim=-1)  # [B, V]
+    cdf = cdf / cdf[:, -1:]
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)  # [B, 1] in [0, 1)
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1)

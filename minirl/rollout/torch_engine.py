@@ -11,7 +11,7 @@ import torch
 
 from minirl.decoding import CachedBatch
 from minirl.rollout.engine import ENGINES, Completion, ModuleEngine, SamplingParams
-from minirl.sampling import outside_top_k_top_p
+from minirl.sampling import draw, outside_top_k_top_p
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,7 +26,7 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.T
         if params.top_k > 0 or params.top_p < 1:
             scaled = scaled.masked_fill(outside_top_k_top_p(scaled, params.top_p, params.top_k), -torch.inf)
         logprobs = scaled.log_softmax(dim=-1)
-        tokens = torch.multinomial(logprobs.exp(), 1).squeeze(-1)
+        tokens = draw(logprobs.exp())
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
