@@ -314,7 +314,7 @@ class TrainerConfig:
     ppo_epochs: int = 1  # passes over each rollout batch; >1 reuses samples and makes clipping bite
     # optimizer steps per pass: the batch is shuffled (trainer.seed) and split into this many mini-batches
     mini_batches: int = 1
-    micro_batch_size: int = 16  # trajectories per forward/backward; gradients add up to the mini-batch's
+    micro_batch_size: int = 8  # trajectories per forward/backward; gradients add up to the mini-batch's
     eval_every: int = 10  # held-out evaluation every N steps (and at step 0 and the end)
     eval_temperature: float = 0.0  # 0 = greedy
     save_final: bool = True

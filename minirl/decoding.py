@@ -6,8 +6,8 @@ step feeds each live row its last token, with an explicit attention mask and pos
 never shifts a row's positions. Rows that finish leave the batch and the KV cache at once, so the
 remaining steps cost only the live rows.
 
-`shared_prefix_logits`: the trainer's forward over whole trajectories, with the prefix that all rows
-share (the system prompt and tool schemas, a group's prompt) encoded once.
+`prompt_shared_logits`: the trainer's forward over whole trajectories, with each group's prompt, which
+its rows share, encoded once.
 """
 
 from __future__ import annotations
@@ -78,31 +78,45 @@ class CachedBatch:
         return out.logits[:, -1].float()  # [B, V]
 
 
-def shared_prefix_logits(
+def prompt_shared_logits(
     model,
     input_ids: torch.Tensor,  # [N, L] right-padded rows
     attention_mask: torch.Tensor,  # [N, L]
+    prefix_lengths: torch.Tensor,  # [N] leading tokens of each row; rows with the same ones share them
     keep: int,  # logits of the last `keep` positions
 ) -> torch.Tensor:  # [N, keep, V]
-    """`model(input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits`, with the leading
-    columns that every row shares, up to the first kept position, run once for one row and their KV cache
-    copied to all rows. Gradients reach the shared prefix from every row, as in the plain forward."""
+    """`model(input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits` at every position from
+    each row's prefix end on, with each distinct prefix (a group's prompt) encoded once and its KV cache
+    copied to the rows that share it. Logits inside a row's prefix are for no caller: they come back 0 when
+    the prefix is shared (they are not computed). Gradients reach a shared prefix from every row, as in the plain forward."""
     n, width = input_ids.shape
-    shared = (input_ids == input_ids[:1]).all(dim=0) & attention_mask.bool().all(dim=0)  # [L]
-    prefix = min(int(shared.long().cumprod(dim=0).sum()), width - keep)
-    if n == 1 or prefix == 0:
+    starts = prefix_lengths.tolist()
+    prefixes = [tuple(input_ids[row, :start].tolist()) for row, start in enumerate(starts)]
+    distinct = list(dict.fromkeys(prefixes))
+    if len(distinct) == n or min(starts) == 0:  # nothing shared (or an empty prefix): the plain forward
         return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
+    device = input_ids.device
     cache = DynamicCache()
     cache_arg = {cache_argument(model): cache}
-    model(input_ids=input_ids[:1, :prefix], **cache_arg, use_cache=True, logits_to_keep=1)
-    cache.batch_select_indices(torch.zeros(n, dtype=torch.long, device=input_ids.device))  # one copy per row
-    positions = torch.arange(prefix, width, device=input_ids.device).expand(n, -1)  # [N, L - prefix]
+    ids, attention = (t.to(device) for t in left_padded([list(p) for p in distinct], pad_id=0))  # [U, P]
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [U, P]; pads get 0, masked anyway
+    model(input_ids=ids, attention_mask=attention, position_ids=positions, **cache_arg, use_cache=True, logits_to_keep=1)
+    index = {prefix: row for row, prefix in enumerate(distinct)}
+    shared = torch.tensor([index[p] for p in prefixes], device=device)  # [N] the distinct prefix of each row
+    cache.batch_select_indices(shared)
+    starts = prefix_lengths.to(device)
+    span = int((attention_mask.sum(dim=1) - starts).max())  # the longest suffix
+    columns = starts[:, None] + torch.arange(span, device=device)  # [N, S] each suffix token's position in its row
+    inside = columns < attention_mask.sum(dim=1, keepdim=True)  # [N, S]; False on padding
+    suffix = input_ids.gather(1, columns.clamp(max=width - 1)).masked_fill(~inside, 0)  # [N, S]
     out = model(
-        input_ids=input_ids[:, prefix:],
-        attention_mask=attention_mask,
-        position_ids=positions,
+        input_ids=suffix,
+        attention_mask=torch.cat([attention[shared], inside.long()], dim=1),
+        position_ids=columns,
         **cache_arg,
         use_cache=True,
-        logits_to_keep=keep,
-    )
-    return out.logits
+    ).logits  # [N, S, V]
+    offsets = torch.arange(width - keep, width, device=device) - starts[:, None]  # [N, keep] index into the suffix
+    computed = (offsets >= 0) & (offsets < span)
+    logits = out.gather(1, offsets.clamp(0, span - 1)[..., None].expand(-1, -1, out.shape[-1]))  # [N, keep, V]
+    return logits.masked_fill_(~computed[..., None], 0.0)

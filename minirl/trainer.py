@@ -38,7 +38,7 @@ from minirl.checkpoint import latest_checkpoint, load_trainer_state, restore_rng
 from minirl.config import Config, LRSchedule, OldLogprobs, Overlong, Resume
 from minirl.data import DATASETS, WARM_START_CORPORA
 from minirl.data.task import Task
-from minirl.decoding import shared_prefix_logits
+from minirl.decoding import prompt_shared_logits
 from minirl.faults import TrainingError, reported_out_of_memory
 from minirl.inspection import (
     TRAJECTORIES_FILE,
@@ -96,6 +96,7 @@ class PolicyBatch:
     old_logp: torch.Tensor
     mask: torch.Tensor  # [N, L - 1 - start] 1.0 where the target token was sampled by the policy
     advantages: torch.Tensor  # [N]
+    prompt_lengths: torch.Tensor  # [N] tokens of each row's prompt (a group's rows share theirs)
     ref_logp: torch.Tensor | None = None  # [N, L - 1 - start] frozen reference's log-probs; None without one
     is_weights: torch.Tensor | None = None  # [N, L - 1 - start] rollout IS weights (algo.rollout_is=token); None = 1
 
@@ -139,7 +140,8 @@ def collate(trajs: list[Trajectory], advantages: torch.Tensor, pad_id: int) -> P
         first = len(t.prompt_ids) - 1 - start  # column predicting the first response token
         old_logp[row, first : first + len(t.response_ids)] = torch.tensor(t.sampler_logprobs)
         mask[row, first : first + len(t.response_ids)] = torch.tensor(t.action_mask, dtype=torch.float)
-    return PolicyBatch(input_ids, attention, start, old_logp, mask, advantages)
+    prompt_lengths = torch.tensor([len(t.prompt_ids) for t in trajs])
+    return PolicyBatch(input_ids, attention, start, old_logp, mask, advantages, prompt_lengths)
 
 
 def sampling_logprobs(
@@ -150,7 +152,8 @@ def sampling_logprobs(
     report as sampler log-probs. The target token always stays in: it was sampled, so it lies in the sampler's
     kept set, and a rounding difference at the set's edge must not give it log-prob -inf."""
     keep = batch.input_ids.shape[1] - batch.start  # logits only where an action can be predicted
-    logits = shared_prefix_logits(model, batch.input_ids, batch.attention_mask, keep)
+    # each prompt once; its last token stays in every row, its logit predicts the first action
+    logits = prompt_shared_logits(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths - 1, keep)
     logits = logits[:, :-1].float() / temperature  # [N, L - 1 - start, V]
     if top_k > 0 or top_p < 1:
         removed = outside_top_k_top_p(logits, top_p, top_k)
@@ -170,12 +173,14 @@ def token_logprobs(model, batch: PolicyBatch, temperature: float, top_p: float =
 
 
 def micro_batches(batch: PolicyBatch, rows: torch.Tensor, size: int) -> list[tuple[torch.Tensor, PolicyBatch, int]]:
-    """batch[rows] in micro-batches of `size` rows, shortest rows first, each narrowed (PolicyBatch.narrowed):
-    (its row indices, the micro-batch, its first target column in the batch). Rows of similar length share a
-    micro-batch, so little compute goes to padding and to logits of prompt columns."""
-    lengths = batch.attention_mask[rows].sum(dim=1)  # [len(rows)]
-    ordered = rows[torch.argsort(lengths, stable=True)]
-    return [(micro_rows, *batch.rows(micro_rows).narrowed()) for micro_rows in ordered.split(size)]
+    """batch[rows] in micro-batches of `size` rows, each narrowed (PolicyBatch.narrowed): (its row indices, the
+    micro-batch, its first target column in the batch). The rows of one prompt stay together, so a micro-batch
+    encodes each of its prompts once (prompt_shared_logits); prompts go shortest first, and a prompt's rows
+    shortest first, so little compute goes to padding."""
+    lengths = batch.attention_mask.sum(dim=1).tolist()  # [N]
+    prompts = [tuple(batch.input_ids[row, :length].tolist()) for row, length in enumerate(batch.prompt_lengths.tolist())]
+    ordered = sorted(rows.tolist(), key=lambda row: (len(prompts[row]), prompts[row], lengths[row]))
+    return [(micro_rows, *batch.rows(micro_rows).narrowed()) for micro_rows in torch.tensor(ordered).split(size)]
 
 
 def mini_batch_plan(n: int, epochs: int, mini_batches: int, generator: torch.Generator) -> list[list[torch.Tensor]]:

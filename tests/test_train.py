@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from minirl.config import register_configs
 from minirl.data.task import Task
-from minirl.decoding import shared_prefix_logits
+from minirl.decoding import prompt_shared_logits
 from minirl.metrics import group_metrics
 from minirl.rollout.trajectory import FinishReason, Trajectory
 from minirl.trainer import Trainer, collate, micro_batches, token_logprobs, train
@@ -161,9 +162,8 @@ def test_narrowed_micro_batches_score_every_action_token_as_the_whole_batch_does
     batch = collate(trajs, torch.zeros(len(trajs)), trainer.tokenizer.pad_token_id)
     whole = token_logprobs(trainer.policy, batch, *trainer.distribution).detach()  # [12, T]
     micros = micro_batches(batch, torch.arange(len(trajs)), 4)
-    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
     assert sorted(int(r) for rows, _, _ in micros for r in rows) == list(range(12))
-    assert [lengths[int(rows[-1])] for rows, _, _ in micros] == sorted(lengths)[3::4]  # shortest rows first
+    assert all(len({trajs[int(r)].group_index for r in rows}) == 1 for rows, _, _ in micros)  # a prompt's rows together
     assert sum(micro.input_ids.numel() for _, micro, _ in micros) < batch.input_ids.numel()  # padding cut
     for rows, micro, first in micros:
         logp = token_logprobs(trainer.policy, micro, *trainer.distribution).detach()
@@ -172,26 +172,31 @@ def test_narrowed_micro_batches_score_every_action_token_as_the_whole_batch_does
         assert torch.allclose(logp[micro.mask > 0], whole[rows, kept][micro.mask > 0], atol=1e-5)
 
 
-def test_shared_prefix_forward_gives_the_plain_forwards_logits_and_gradients(cache_dir, tmp_path):
+def test_prompt_shared_forward_gives_the_plain_forwards_logits_and_gradients(cache_dir, tmp_path):
+    """Three prompts of different lengths, four rows each: every prompt is encoded once, and every logit a
+    caller reads (from the last prompt token on) and every gradient equal the plain forward's."""
     trainer = Trainer(debug_config(cache_dir, tmp_path, "loss.beta=0", "rollout.group_size=4"), console=None)
     trajs = trainer.rollout(trainer.train_tasks[:3], 4, 1.0)  # 12 trajectories of three prompts
     batch = collate(trajs, torch.zeros(len(trajs)), trainer.tokenizer.pad_token_id)
-    shared = (batch.input_ids == batch.input_ids[:1]).all(dim=0).long().cumprod(dim=0).sum()
-    assert 0 < shared <= batch.start  # the system prompt is shared, the questions differ
+    assert len(set(batch.prompt_lengths.tolist())) > 1
     keep = batch.input_ids.shape[1] - batch.start
     weights = torch.randn(
         len(trajs), keep, trainer.policy.config.vocab_size, generator=torch.Generator().manual_seed(0)
     )
+    columns = torch.arange(batch.input_ids.shape[1] - keep, batch.input_ids.shape[1])  # [keep]
+    read = (columns >= batch.prompt_lengths[:, None] - 1) & (batch.attention_mask[:, -keep:] > 0)  # [12, keep]
+    ids, attention = batch.input_ids, batch.attention_mask
     results = []
-    for forward in (plain_logits, shared_prefix_logits):
+    for forward in (plain_logits, partial(prompt_shared_logits, prefix_lengths=batch.prompt_lengths - 1)):
         trainer.policy.zero_grad()
-        logits = forward(trainer.policy, batch.input_ids, batch.attention_mask, keep)  # [12, keep, V]
-        (logits * weights * batch.attention_mask[:, -keep:, None]).sum().backward()
+        logits = forward(trainer.policy, ids, attention, keep=keep)  # [12, keep, V]
+        (logits * weights * read[..., None]).sum().backward()
         results.append((logits.detach(), [p.grad.clone() for p in trainer.policy.parameters()]))
     (plain, plain_grads), (ours, our_grads) = results
-    real = batch.attention_mask[:, -keep:] > 0  # logits at padding are never used
-    assert torch.allclose(ours[real], plain[real], atol=1e-5)
+    assert torch.allclose(ours[read], plain[read], atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(our_grads, plain_grads))
+    shifted = prompt_shared_logits(trainer.policy, ids, attention, batch.prompt_lengths, keep)
+    assert not torch.allclose(shifted.detach()[read], plain[read], atol=1e-3)  # a wrong prefix length shows
 
 
 def plain_logits(model, input_ids, attention_mask, keep):
