@@ -88,7 +88,8 @@ def prompt_shared_logits(
     """`model(input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits` at every position from
     each row's prefix end on, with each distinct prefix (a group's prompt) encoded once and its KV cache
     copied to the rows that share it. Logits inside a row's prefix are for no caller: they come back 0 when
-    the prefix is shared (they are not computed). Gradients reach a shared prefix from every row, as in the plain forward."""
+    the prefix is shared (they are not computed). Gradients reach a shared prefix from every row, as in the
+    plain forward."""
     n, width = input_ids.shape
     starts = prefix_lengths.tolist()
     prefixes = [tuple(input_ids[row, :start].tolist()) for row, start in enumerate(starts)]
@@ -100,7 +101,9 @@ def prompt_shared_logits(
     cache_arg = {cache_argument(model): cache}
     ids, attention = (t.to(device) for t in left_padded([list(p) for p in distinct], pad_id=0))  # [U, P]
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [U, P]; pads get 0, masked anyway
-    model(input_ids=ids, attention_mask=attention, position_ids=positions, **cache_arg, use_cache=True, logits_to_keep=1)
+    model(
+        input_ids=ids, attention_mask=attention, position_ids=positions, **cache_arg, use_cache=True, logits_to_keep=1
+    )
     index = {prefix: row for row, prefix in enumerate(distinct)}
     shared = torch.tensor([index[p] for p in prefixes], device=device)  # [N] the distinct prefix of each row
     cache.batch_select_indices(shared)

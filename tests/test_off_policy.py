@@ -113,7 +113,8 @@ def _batch(targets: torch.Tensor) -> PolicyBatch:  # targets [N, T] -> inputs [N
     n, t = targets.shape
     ids = torch.cat([torch.zeros(n, 1, dtype=torch.long), targets], dim=1)
     zeros = torch.zeros(n, t)
-    return PolicyBatch(ids, torch.ones_like(ids), 0, zeros, torch.ones(n, t), torch.zeros(n), torch.ones(n, dtype=torch.long))
+    prompt_lengths = torch.ones(n, dtype=torch.long)
+    return PolicyBatch(ids, torch.ones_like(ids), 0, zeros, torch.ones(n, t), torch.zeros(n), prompt_lengths)
 
 
 @pytest.mark.parametrize(("top_p", "top_k"), [(0.8, 0), (1.0, 7), (0.7, 12)])
