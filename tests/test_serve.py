@@ -224,12 +224,15 @@ class EndlessDecoder(ScriptedDecoder):
         self.batches.append(len(rows))
         live = list(rows)
         while live:
-            for row in live:
+            going = []
+            for row in live:  # read each row's cancellation once: it may arrive at any moment
                 row.sink.text("x")
                 if row.sink.cancelled():
                     row.sink.done(RowResult("x", FinishReason.cancelled, 1))
                     self.cancelled += 1
-            live = [row for row in live if not row.sink.cancelled()]
+                else:
+                    going.append(row)
+            live = going
             time.sleep(0.001)
 
 
