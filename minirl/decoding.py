@@ -34,6 +34,29 @@ def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
     return ids, attention
 
 
+def prefill_once(
+    model, cache: DynamicCache, prompts: list[tuple[int, ...]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encode each distinct prompt (none empty) once into `cache`, left-padded, and copy its KV to every row
+    that has it: (the rows' attention mask over the cache [N, P], their next-token logits [N, V] float32)."""
+    device = next(model.parameters()).device
+    distinct = list(dict.fromkeys(prompts))
+    ids, attention = (t.to(device) for t in left_padded(distinct, pad_id))  # [U, P] each
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [U, P]; pads get 0, masked anyway
+    out = model(
+        input_ids=ids,
+        attention_mask=attention,
+        position_ids=positions,
+        **{cache_argument(model): cache},
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    index = {prompt: row for row, prompt in enumerate(distinct)}
+    rows = torch.tensor([index[prompt] for prompt in prompts], device=device)  # [N] the distinct prompt of each
+    cache.batch_select_indices(rows)
+    return attention[rows], out.logits[:, -1].float()[rows]
+
+
 class CachedBatch:
     """Prompts decoding together on `model` (an eval-mode causal LM); `logits` holds the live rows'
     next-token logits, [B, V] float32, B = rows still in the batch, in their original order."""
@@ -43,16 +66,10 @@ class CachedBatch:
         self.device = next(model.parameters()).device
         self.cache_arg = cache_argument(model)
         self.cache = DynamicCache()  # filled in place by every forward
-        # a group's samples share one prompt: prefill each distinct prompt once, then copy its row
-        distinct = list(dict.fromkeys(map(tuple, prompts)))
-        ids, attention = (t.to(self.device) for t in left_padded(distinct, pad_id))  # [U, P] each
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [U, P]; pads get 0, masked anyway
-        logits = self._forward(ids, attention, positions)  # [U, V]
-        copies = {prompt: row for row, prompt in enumerate(distinct)}
-        rows = torch.tensor([copies[tuple(p)] for p in prompts], device=self.device)  # [B] distinct row of each
-        self.cache.batch_select_indices(rows)
-        self.attention, self.positions = attention[rows], positions[rows, -1:]  # [B, P + steps], [B, 1]
-        self.logits = logits[rows]  # [B, V]
+        # a group's samples share one prompt: prefill each distinct prompt once, then copy its row;
+        # attention [B, P + steps], logits [B, V]
+        self.attention, self.logits = prefill_once(model, self.cache, list(map(tuple, prompts)), pad_id)
+        self.positions = self.attention.sum(dim=-1, keepdim=True) - 1  # [B, 1] each row's last position
 
     def step(self, tokens: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Drop the rows not in `keep` (indices into the current rows, ascending; None keeps all), feed
@@ -93,30 +110,22 @@ def prompt_shared_logits(
     n, width = input_ids.shape
     starts = prefix_lengths.tolist()
     prefixes = [tuple(input_ids[row, :start].tolist()) for row, start in enumerate(starts)]
-    distinct = list(dict.fromkeys(prefixes))
-    if len(distinct) == n or min(starts) == 0:  # nothing shared (or an empty prefix): the plain forward
+    if len(set(prefixes)) == n or min(starts) == 0:  # nothing shared (or an empty prefix): the plain forward
         return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
     device = input_ids.device
     cache = DynamicCache()
-    cache_arg = {cache_argument(model): cache}
-    ids, attention = (t.to(device) for t in left_padded([list(p) for p in distinct], pad_id=0))  # [U, P]
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [U, P]; pads get 0, masked anyway
-    model(
-        input_ids=ids, attention_mask=attention, position_ids=positions, **cache_arg, use_cache=True, logits_to_keep=1
-    )
-    index = {prefix: row for row, prefix in enumerate(distinct)}
-    shared = torch.tensor([index[p] for p in prefixes], device=device)  # [N] the distinct prefix of each row
-    cache.batch_select_indices(shared)
+    prefix_attention, _ = prefill_once(model, cache, prefixes, pad_id=0)  # [N, P]
     starts = prefix_lengths.to(device)
-    span = int((attention_mask.sum(dim=1) - starts).max())  # the longest suffix
+    lengths = attention_mask.sum(dim=1, keepdim=True)  # [N, 1]
+    span = int((lengths.squeeze(1) - starts).max())  # the longest suffix
     columns = starts[:, None] + torch.arange(span, device=device)  # [N, S] each suffix token's position in its row
-    inside = columns < attention_mask.sum(dim=1, keepdim=True)  # [N, S]; False on padding
+    inside = columns < lengths  # [N, S]; False on padding
     suffix = input_ids.gather(1, columns.clamp(max=width - 1)).masked_fill(~inside, 0)  # [N, S]
     out = model(
         input_ids=suffix,
-        attention_mask=torch.cat([attention[shared], inside.long()], dim=1),
+        attention_mask=torch.cat([prefix_attention, inside.long()], dim=1),
         position_ids=columns,
-        **cache_arg,
+        **{cache_argument(model): cache},
         use_cache=True,
     ).logits  # [N, S, V]
     offsets = torch.arange(width - keep, width, device=device) - starts[:, None]  # [N, keep] index into the suffix
