@@ -108,9 +108,8 @@ def prompt_shared_logits(
     the prefix is shared (they are not computed). Gradients reach a shared prefix from every row, as in the
     plain forward."""
     n, width = input_ids.shape
-    starts = prefix_lengths.tolist()
-    prefixes = [tuple(input_ids[row, :start].tolist()) for row, start in enumerate(starts)]
-    if len(set(prefixes)) == n or min(starts) == 0:  # nothing shared (or an empty prefix): the plain forward
+    prefixes = [tuple(input_ids[row, :start].tolist()) for row, start in enumerate(prefix_lengths.tolist())]
+    if len(set(prefixes)) == n or min(map(len, prefixes)) == 0:  # nothing shared, or an empty prefix: plain forward
         return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
     device = input_ids.device
     cache = DynamicCache()

@@ -28,6 +28,14 @@ def outside_top_k_top_p(
     return removed
 
 
+def warped(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:  # [..., V]
+    """What a sampler draws from, as logits: divided by `temperature` (> 0), then -inf outside top-k / top-p."""
+    scaled = logits / temperature
+    if top_k > 0 or top_p < 1:
+        scaled = scaled.masked_fill(outside_top_k_top_p(scaled, top_p, top_k), -torch.inf)
+    return scaled
+
+
 def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:  # [B, V] -> [B]
     """One token per row of `probs` (non-negative, rows need not sum to 1) by inverse-CDF sampling: a
     uniform draw located in the row's cumulative sum. Same distribution as `torch.multinomial(probs, 1)`,

@@ -178,9 +178,8 @@ def micro_batches(batch: PolicyBatch, rows: torch.Tensor, size: int) -> list[tup
     encodes each of its prompts once (prompt_shared_logits); prompts go shortest first, and a prompt's rows
     shortest first, so little compute goes to padding."""
     lengths = batch.attention_mask.sum(dim=1).tolist()  # [N]
-    prompt_lengths = batch.prompt_lengths.tolist()
-    prompts = [tuple(batch.input_ids[row, :length].tolist()) for row, length in enumerate(prompt_lengths)]
-    ordered = sorted(rows.tolist(), key=lambda row: (len(prompts[row]), prompts[row], lengths[row]))
+    prompts = {row: tuple(batch.input_ids[row, : batch.prompt_lengths[row]].tolist()) for row in rows.tolist()}
+    ordered = sorted(prompts, key=lambda row: (len(prompts[row]), prompts[row], lengths[row]))
     return [(micro_rows, *batch.rows(micro_rows).narrowed()) for micro_rows in torch.tensor(ordered).split(size)]
 
 

@@ -11,7 +11,7 @@ import torch
 
 from minirl.decoding import CachedBatch
 from minirl.rollout.engine import ENGINES, Completion, ModuleEngine, SamplingParams
-from minirl.sampling import draw, outside_top_k_top_p
+from minirl.sampling import draw, warped
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,10 +22,7 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.T
         tokens = logits.argmax(dim=-1)  # [B]
         logprobs = logits.log_softmax(dim=-1)  # [B, V]
     else:
-        scaled = logits / params.temperature
-        if params.top_k > 0 or params.top_p < 1:
-            scaled = scaled.masked_fill(outside_top_k_top_p(scaled, params.top_p, params.top_k), -torch.inf)
-        logprobs = scaled.log_softmax(dim=-1)
+        logprobs = warped(logits, params.temperature, params.top_p, params.top_k).log_softmax(dim=-1)  # [B, V]
         tokens = draw(logprobs.exp())
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 

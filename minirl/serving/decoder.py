@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 
 from minirl.decoding import CachedBatch
-from minirl.sampling import draw, outside_top_k_top_p
+from minirl.sampling import draw, warped
 
 INCOMPLETE_CHAR = "\ufffd"  # what the byte-level decoder writes for a UTF-8 character cut short
 
@@ -101,10 +101,8 @@ class _LiveRow:
         spec = self.spec
         if spec.temperature == 0:
             return int(logits.argmax())
-        scaled = logits / spec.temperature
-        if spec.top_k > 0 or spec.top_p < 1:
-            scaled = scaled.masked_fill(outside_top_k_top_p(scaled, spec.top_p, spec.top_k), -torch.inf)
-        return int(draw(scaled.softmax(-1)[None], self.generator))
+        probs = warped(logits, spec.temperature, spec.top_p, spec.top_k).softmax(-1)  # [V]
+        return int(draw(probs[None], self.generator))
 
     def advance(self, token: int) -> bool:
         """Take the sampled token; True when the row is finished (its sink has the result)."""
