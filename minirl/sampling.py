@@ -28,11 +28,22 @@ def outside_top_k_top_p(
     return removed
 
 
-def warped(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:  # [..., V]
-    """What a sampler draws from, as logits: divided by `temperature` (> 0), then -inf outside top-k / top-p."""
+def warped(
+    logits: torch.Tensor,  # [..., V]
+    temperature: float,  # > 0
+    top_p: float,
+    top_k: int,
+    kept: torch.Tensor | None = None,  # [...] a token id per row that stays in whatever the filter says
+) -> torch.Tensor:  # [..., V]
+    """What a sampler draws from, as logits: divided by `temperature`, then -inf outside top-k / top-p.
+    `kept` is for scoring tokens that were sampled: they lay in the sampler's kept set, so a rounding
+    difference at the set's edge must not give one of them log-prob -inf."""
     scaled = logits / temperature
     if top_k > 0 or top_p < 1:
-        scaled = scaled.masked_fill(outside_top_k_top_p(scaled, top_p, top_k), -torch.inf)
+        removed = outside_top_k_top_p(scaled, top_p, top_k)
+        if kept is not None:
+            removed.scatter_(-1, kept.unsqueeze(-1), False)
+        scaled = scaled.masked_fill(removed, -torch.inf)
     return scaled
 
 

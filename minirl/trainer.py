@@ -54,7 +54,7 @@ from minirl.rewards import SUCCESS_CRITERIA, check_weights, score_all
 from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import ENGINES, SamplingParams, build_engine
 from minirl.rollout.trajectory import Trajectory
-from minirl.sampling import outside_top_k_top_p
+from minirl.sampling import warped
 from minirl.tools import TOOLS, ToolExecutor, import_tool_modules
 from minirl.tracking import BACKENDS, Tracker
 
@@ -149,17 +149,12 @@ def sampling_logprobs(
 ) -> torch.Tensor:
     """[N, L - 1 - start, V] log-probs of the distribution each target token was sampled from: the policy's
     logits divided by the temperature, filtered by top-k then top-p, renormalised; what the HF and vLLM engines
-    report as sampler log-probs. The target token always stays in: it was sampled, so it lies in the sampler's
-    kept set, and a rounding difference at the set's edge must not give it log-prob -inf."""
+    report as sampler log-probs. The target token always stays in (`warped`'s `kept`)."""
     keep = batch.input_ids.shape[1] - batch.start  # logits only where an action can be predicted
     # each prompt once; its last token stays in every row, its logit predicts the first action
     logits = prompt_shared_logits(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths - 1, keep)
-    logits = logits[:, :-1].float() / temperature  # [N, L - 1 - start, V]
-    if top_k > 0 or top_p < 1:
-        removed = outside_top_k_top_p(logits, top_p, top_k)
-        removed.scatter_(-1, batch.input_ids[:, batch.start + 1 :].unsqueeze(-1), False)
-        logits = logits.masked_fill(removed, -math.inf)
-    return torch.log_softmax(logits, dim=-1)
+    targets = batch.input_ids[:, batch.start + 1 :]  # [N, L - 1 - start]
+    return warped(logits[:, :-1].float(), temperature, top_p, top_k, kept=targets).log_softmax(dim=-1)
 
 
 def target_logprobs(dist: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
@@ -178,7 +173,8 @@ def micro_batches(batch: PolicyBatch, rows: torch.Tensor, size: int) -> list[tup
     encodes each of its prompts once (prompt_shared_logits); prompts go shortest first, and a prompt's rows
     shortest first, so little compute goes to padding."""
     lengths = batch.attention_mask.sum(dim=1).tolist()  # [N]
-    prompts = {row: tuple(batch.input_ids[row, : batch.prompt_lengths[row]].tolist()) for row in rows.tolist()}
+    prompt_lengths = batch.prompt_lengths.tolist()
+    prompts = {row: tuple(batch.input_ids[row, : prompt_lengths[row]].tolist()) for row in rows.tolist()}
     ordered = sorted(prompts, key=lambda row: (len(prompts[row]), prompts[row], lengths[row]))
     return [(micro_rows, *batch.rows(micro_rows).narrowed()) for micro_rows in torch.tensor(ordered).split(size)]
 
