@@ -1,5 +1,6 @@
 """Rollout time of the engines that sample on the policy module itself: `hf` (`model.generate`) and
-`torch` (a KV-cache loop that drops finished rows and prefills each distinct prompt once).
+`torch` (a KV-cache loop that drops finished rows, prefills each distinct prompt once and reuses the
+previous turn's keys and values).
 
     python experiments/bench_rollout.py [--model PATH] [--prompts 8] [--repeats 3]
 

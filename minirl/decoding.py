@@ -1,10 +1,13 @@
 """Forward passes that reuse a KV cache instead of recomputing what rows share.
 
 `CachedBatch`: step-wise decoding of a batch of prompts on one KV cache, the core of the `torch` rollout
-engine and of the server's decoder. The distinct prompts are left-padded into one prefill; every later
-step feeds each live row its last token, with an explicit attention mask and position ids so padding
-never shifts a row's positions. Rows that finish leave the batch and the KV cache at once, so the
-remaining steps cost only the live rows.
+engine and of the server's decoder. The distinct prompts are encoded in one prefill (`prefill`), only past
+what a `PrefixStore` holds for them; every later step feeds each live row its last token, with an explicit
+attention mask and position ids so padding never shifts a row's positions. Rows that finish leave the
+batch, and the cache is compacted once a quarter of its rows have left, so the remaining steps cost about
+the live rows. A step runs on `minirl.llama_family.LlamaFamilyDecoder` (a preallocated cache, the model's
+submodules called directly) for Llama-family models and on the model's own forward
+(`TransformersDecoder`) for the others.
 
 `prompt_shared_logits`: the trainer's forward over whole trajectories, with each group's prompt, which
 its rows share, encoded once.
@@ -12,10 +15,14 @@ its rows share, encoded once.
 
 from __future__ import annotations
 
+import bisect
 import inspect
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+
+from minirl.llama_family import LlamaFamilyDecoder, supports
 
 
 def cache_argument(model) -> str:
@@ -34,19 +41,77 @@ def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
     return ids, attention
 
 
-def prefill_once(
-    model, cache: DynamicCache, prompts: list[tuple[int, ...]], pad_id: int
+@dataclass
+class StoredPrefix:
+    """Keys and values that a batch computed for the tokens it fed one row (its prompt and every token it fed
+    back): keys[l], values[l] are layer l's [kv_heads, len(tokens), head_dim]."""
+
+    tokens: tuple[int, ...]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+
+class PrefixStore:
+    """The rows a decoding batch finished, for the next batch to reuse: a conversation's next prompt starts
+    with every token its last turn fed the model (token in, token out), so its prefill need only encode what
+    was appended since. Valid only for the weights that computed them."""
+
+    def __init__(self) -> None:
+        self._prefixes: dict[tuple[int, ...], StoredPrefix] = {}
+        self._order: list[tuple[int, ...]] = []  # sorted token sequences, built at the first lookup
+
+    def add(self, prefix: StoredPrefix) -> None:
+        self._prefixes[prefix.tokens] = prefix
+        self._order = []
+
+    def longest(self, prompt: tuple[int, ...]) -> StoredPrefix | None:
+        """The longest stored sequence that `prompt` extends by at least one token, or None.
+
+        In sorted order every stored prefix of `prompt` sits below it, and any sequence between the longest
+        one and `prompt` starts with it, so a walk down from `prompt`'s place meets the longest one first."""
+        if self._prefixes and not self._order:
+            self._order = sorted(self._prefixes)
+        for i in range(bisect.bisect_left(self._order, prompt) - 1, -1, -1):
+            tokens = self._order[i]
+            if prompt[: len(tokens)] == tokens:
+                return self._prefixes[tokens]
+            if tokens[:1] != prompt[:1]:  # sorted: nothing further down shares even the first token
+                return None
+        return None
+
+
+def prefill(
+    model, cache: DynamicCache, prompts: list[tuple[int, ...]], pad_id: int, reuse: PrefixStore | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Encode each distinct prompt (none empty) once into `cache`, left-padded, and copy its KV to every row
-    that has it: (the rows' attention mask over the cache [N, P], their next-token logits [N, V] float32)."""
+    """Encode each distinct prompt (none empty) once into `cache` and copy its KV to every row that has it:
+    (the rows' attention mask over the cache [N, C], their next-token logits [N, V] float32).
+
+    A prompt that extends a sequence in `reuse` encodes only its new tokens on top of the stored keys and
+    values. The cache's columns hold the reused part right-aligned in the first `old_width`, then the new
+    tokens right-aligned in the last `new_width` (each row's last token in the last column); the padding
+    before each part is masked, and position ids count a row's own tokens only."""
     device = next(model.parameters()).device
     distinct = list(dict.fromkeys(prompts))
-    ids, attention = (t.to(device) for t in left_padded(distinct, pad_id))  # [U, P] each
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [U, P]; pads get 0, masked anyway
+    reused = [reuse.longest(prompt) if reuse is not None else None for prompt in distinct]
+    old = [len(prefix.tokens) if prefix is not None else 0 for prefix in reused]  # [U] tokens whose KV is reused
+    old_width = max(old)
+    new_width = max(len(prompt) - n for prompt, n in zip(distinct, old))
+    ids = torch.full((len(distinct), new_width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(distinct), old_width + new_width), dtype=torch.long)
+    positions = torch.zeros((len(distinct), new_width), dtype=torch.long)
+    for row, (prompt, n) in enumerate(zip(distinct, old)):
+        new = len(prompt) - n
+        ids[row, new_width - new :] = torch.tensor(prompt[n:])
+        attention[row, old_width - n : old_width] = 1
+        attention[row, old_width + new_width - new :] = 1
+        positions[row, new_width - new :] = torch.arange(n, len(prompt))
+    if old_width > 0:
+        _fill(cache, reused, old_width, device)
+    attention = attention.to(device)
     out = model(
-        input_ids=ids,
+        input_ids=ids.to(device),
         attention_mask=attention,
-        position_ids=positions,
+        position_ids=positions.to(device),
         **{cache_argument(model): cache},
         use_cache=True,
         logits_to_keep=1,
@@ -57,42 +122,119 @@ def prefill_once(
     return attention[rows], out.logits[:, -1].float()[rows]
 
 
+def _fill(cache: DynamicCache, reused: list[StoredPrefix | None], width: int, device: torch.device) -> None:
+    """Put each row's reused keys and values, right-aligned, into the first `width` columns of every layer."""
+    first = next(prefix for prefix in reused if prefix is not None)
+    for layer in range(len(first.keys)):
+        kv_heads, _, head_dim = first.keys[layer].shape
+        keys = first.keys[layer].new_zeros((len(reused), kv_heads, width, head_dim), device=device)
+        values = torch.zeros_like(keys)
+        for row, prefix in enumerate(reused):
+            if prefix is not None:
+                keys[row, :, width - len(prefix.tokens) :] = prefix.keys[layer]
+                values[row, :, width - len(prefix.tokens) :] = prefix.values[layer]
+        cache.update(keys, values, layer)
+
+
+class TransformersDecoder:
+    """The KV cache of a batch of rows after their prefill, and one decoding step on it through the model's
+    own forward: the path for every model `minirl.llama_family.supports` does not accept.
+
+    `attention`: [B, P + steps] 0/1, the columns of the cache each row attends to."""
+
+    def __init__(self, model, cache: DynamicCache, attention: torch.Tensor) -> None:
+        self.model, self.cache, self.attention = model, cache, attention
+        self.cache_arg = cache_argument(model)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (indices into the current rows, ascending)."""
+        self.cache.batch_select_indices(rows)
+        self.attention = self.attention[rows]
+
+    def row_cache(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Row `row`'s keys and values per layer, [kv_heads, tokens it attends to, head_dim] each."""
+        used = self.attention[row].bool()
+        keys = [layer.keys[row][:, used] for layer in self.cache.layers]
+        return keys, [layer.values[row][:, used] for layer in self.cache.layers]
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Feed each row one token (`tokens`, `positions`: [B] ids and positions); [B, V] float32 next logits."""
+        self.attention = torch.cat([self.attention, self.attention.new_ones(len(self.attention), 1)], dim=1)
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.attention,
+            position_ids=positions[:, None],
+            **{self.cache_arg: self.cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1].float()
+
+
 class CachedBatch:
     """Prompts decoding together on `model` (an eval-mode causal LM); `logits` holds the live rows'
-    next-token logits, [B, V] float32, B = rows still in the batch, in their original order."""
+    next-token logits, [B, V] float32, B = rows still in the batch, in their original order.
 
-    def __init__(self, model, prompts: list[list[int]], pad_id: int) -> None:
-        self.model = model
+    A row that leaves stays in the cache, fed padding, until a quarter of the rows have left: then the
+    cache is compacted to the live rows (one copy for many rows, not one per row). With `reuse`, a prompt
+    that extends a stored sequence encodes only its new tokens (`prefill`). With `store`, every row that
+    leaves, and each live one at `store_live_rows`, is stored there with the tokens it fed (its prompt and
+    every token fed back by `step`)."""
+
+    def __init__(
+        self, model, prompts: list[list[int]], pad_id: int,
+        reuse: PrefixStore | None = None, store: PrefixStore | None = None,
+    ) -> None:  # fmt: skip
         self.device = next(model.parameters()).device
-        self.cache_arg = cache_argument(model)
-        self.cache = DynamicCache()  # filled in place by every forward
+        self.pad_id = pad_id
+        cache = DynamicCache()  # filled in place by the prefill
         # a group's samples share one prompt: prefill each distinct prompt once, then copy its row;
-        # attention [B, P + steps], logits [B, V]
-        self.attention, self.logits = prefill_once(model, self.cache, list(map(tuple, prompts)), pad_id)
-        self.positions = self.attention.sum(dim=-1, keepdim=True) - 1  # [B, 1] each row's last position
+        # attention [B, C], logits [B, V]
+        attention, self.logits = prefill(model, cache, list(map(tuple, prompts)), pad_id, reuse)
+        self.positions = torch.tensor([len(p) - 1 for p in prompts], device=self.device)  # [R] last positions
+        decoder = LlamaFamilyDecoder if supports(model) else TransformersDecoder
+        self.decoder = decoder(model, cache, attention)
+        self.live = list(range(len(prompts)))  # the cache rows of the rows still in the batch
+        self.store = store
+        self.fed = [list(p) for p in prompts] if store is not None else []  # each cache row's tokens so far
 
     def step(self, tokens: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Drop the rows not in `keep` (indices into the current rows, ascending; None keeps all), feed
         each kept row its next token (`tokens`: [B'] ids of the kept rows) and return their logits."""
         if keep is not None:
-            keep = keep.to(self.device)
-            self.cache.batch_select_indices(keep)
-            self.attention, self.positions = self.attention[keep], self.positions[keep]
-        self.attention = torch.cat([self.attention, self.attention.new_ones(len(self.attention), 1)], dim=1)
+            kept = [self.live[row] for row in keep.tolist()]
+            for row in sorted(set(self.live) - set(kept)) if self.store is not None else []:
+                self._store(row)
+            self.live = kept
+            if len(kept) <= 3 * len(self.positions) // 4:
+                self._compact()
+        for row, token in zip(self.live, tokens.tolist() if self.store is not None else []):
+            self.fed[row].append(token)
+        tokens = tokens.to(self.device)
+        rows = len(self.positions)
+        if len(self.live) < rows:  # rows that left are fed padding; their logits are dropped
+            live = torch.tensor(self.live, device=self.device)
+            tokens = torch.full((rows,), self.pad_id, device=self.device).index_copy_(0, live, tokens)
         self.positions = self.positions + 1
-        self.logits = self._forward(tokens.to(self.device).view(-1, 1), self.attention, self.positions)
+        logits = self.decoder.step(tokens, self.positions)  # [R, V]
+        self.logits = logits if len(self.live) == rows else logits[live]
         return self.logits
 
-    def _forward(self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        out = self.model(
-            input_ids=ids,
-            attention_mask=attention,
-            position_ids=positions,
-            **{self.cache_arg: self.cache},
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return out.logits[:, -1].float()  # [B, V]
+    def _compact(self) -> None:
+        live = torch.tensor(self.live, device=self.device)
+        self.decoder.select(live)
+        self.positions = self.positions[live]
+        self.fed = [self.fed[row] for row in self.live] if self.store is not None else []
+        self.live = list(range(len(self.live)))
+
+    def store_live_rows(self) -> None:
+        """Store every row still in the batch (see the class docstring)."""
+        for row in self.live:
+            self._store(row)
+
+    def _store(self, row: int) -> None:
+        keys, values = self.decoder.row_cache(row)
+        self.store.add(StoredPrefix(tuple(self.fed[row]), keys, values))
 
 
 def prompt_shared_logits(
@@ -113,7 +255,7 @@ def prompt_shared_logits(
         return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
     device = input_ids.device
     cache = DynamicCache()
-    prefix_attention, _ = prefill_once(model, cache, prefixes, pad_id=0)  # [N, P]
+    prefix_attention, _ = prefill(model, cache, prefixes, pad_id=0)  # [N, P]
     starts = prefix_lengths.to(device)
     lengths = attention_mask.sum(dim=1, keepdim=True)  # [N, 1]
     span = int((lengths.squeeze(1) - starts).max())  # the longest suffix

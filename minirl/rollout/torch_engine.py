@@ -2,14 +2,16 @@
 
 Unlike `generate`, which steps every row until the longest one ends, a row leaves the batch and the KV
 cache as soon as it samples the end-of-turn token (`minirl.decoding.CachedBatch`), so a batch whose
-turns are mostly short costs about its mean length, not its longest.
+turns are mostly short costs about its mean length, not its longest. The keys and values of the rows a
+call finished are kept until the next call, whose prompts continue those conversations: a turn's prefill
+encodes only the observation and the template tokens appended since the last one (`PrefixStore`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from minirl.decoding import CachedBatch
+from minirl.decoding import CachedBatch, PrefixStore
 from minirl.rollout.engine import ENGINES, Completion, ModuleEngine, SamplingParams
 from minirl.sampling import draw, warped
 
@@ -31,10 +33,19 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.T
 class TorchEngine(ModuleEngine):
     """Samples token by token on the trained module; finished rows leave the batch at once."""
 
+    def __init__(self, model, tokenizer, device: torch.device, **kwargs: object) -> None:
+        super().__init__(model, tokenizer, device, **kwargs)
+        self.finished = PrefixStore()  # the last call's rows, for prompts that continue them
+
+    def sync_weights(self, model) -> None:
+        super().sync_weights(model)
+        self.finished = PrefixStore()  # computed by the old weights
+
     def sample(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         completions = [Completion([], [], False) for _ in prompts]
         live = list(range(len(prompts)))  # indices into `prompts` of the rows still in the batch
-        batch = CachedBatch(self.model, prompts, self.pad_id)
+        finished = PrefixStore()
+        batch = CachedBatch(self.model, prompts, self.pad_id, reuse=self.finished, store=finished)
         for step in range(params.max_new_tokens):
             tokens, logprobs = sample_tokens(batch.logits, params)
             for row, token, logprob in zip(live, tokens.tolist(), logprobs.tolist()):
@@ -49,6 +60,8 @@ class TorchEngine(ModuleEngine):
                 keep = going.nonzero().squeeze(-1)
                 live = [live[i] for i in keep.tolist()]
                 batch.step(tokens[keep], keep)
+        batch.store_live_rows()
+        self.finished = finished
         for completion in completions:
             completion.stopped = completion.token_ids[-1] == self.eos_id
         return completions
