@@ -338,6 +338,46 @@ def test_torch_engine_drops_finished_rows_without_changing_the_others(tool_model
         assert (expected - torch.tensor(c.logprobs)).abs().max().item() < 1e-4
 
 
+def test_torch_engine_prefills_only_what_a_turn_appended_until_the_weights_change(tool_model_dir):
+    """The next call's prompts continue the last call's rows (their tokens, an observation, a new turn): the
+    torch engine feeds only the appended tokens, and every log-prob it reports is its token's under a full
+    forward pass. After the weights change and are synced, nothing computed by the old ones is reused."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tool_model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tool_model_dir)
+    engine = ENGINES.get("torch")(model, tokenizer, torch.device("cpu"))
+    sampling = SamplingParams(24, temperature=1.5)
+    prompts = [render(tokenizer, CONVERSATION[:2], [CALC_TOOL], add_generation_prompt=True)] * 3
+    prompts.append(render(tokenizer, GREETING[:2], None, add_generation_prompt=True))
+    torch.manual_seed(0)
+    first = engine.generate(prompts, sampling)
+    observation = tokenizer.encode("<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n")
+    turn = tokenizer.encode("<|im_start|>assistant\n")
+    continued = [p + c.token_ids + observation + turn for p, c in zip(prompts, first)]
+    widths = []
+    model.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape), with_kwargs=True)
+
+    def check(completions):
+        for prompt, c in zip(continued, completions):
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1 : -1]
+            expected = (logits / 1.5).log_softmax(-1).gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
+            assert (expected - torch.tensor(c.logprobs)).abs().max().item() < 1e-4
+
+    widths.clear()
+    check(engine.generate(continued, sampling))
+    # the prefill fed each row its last sampled token (sampled, never fed), the observation and the new turn
+    assert widths[0][1] == 1 + len(observation + turn) < min(map(len, continued))
+
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(1.5)
+    engine.sync_weights(model)
+    widths.clear()
+    check(engine.generate(continued, sampling))
+    assert widths[0][1] == max(map(len, continued))  # everything encoded again, by the new weights
+
+
 def test_draw_samples_each_token_at_its_probability_and_never_a_zero():
     """The inverse-CDF draw the samplers use: frequencies over 200k draws match the probabilities (to
     0.005, about 4 standard errors), tokens of probability 0 (first, inner and last) never come up, and
