@@ -58,8 +58,10 @@ def test_sigkill_then_resume_loses_and_repeats_no_step_and_matches_an_uninterrup
     reference = read_rows(whole)
 
     rng = random.Random()
-    kill_after = rng.randint(1, STEPS - 1)  # kill once this many steps are logged, plus a random delay
-    delay = rng.uniform(0.0, 1.0)
+    # kill once this many steps are logged, plus a random part of a step (which may fall in its checkpoint
+    # write), so that a whole step still lies ahead however fast the steps run
+    kill_after = rng.randint(1, STEPS - 2)
+    delay = rng.uniform(0.0, max(row["time/step_s"] for row in reference if "time/step_s" in row))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         train_command(cache_dir, killed), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
