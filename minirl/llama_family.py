@@ -33,8 +33,8 @@ class LlamaFamilyDecoder:
     """The KV cache of a batch of rows after their prefill, and one decoding step on it.
 
     `keys[l]` / `values[l]`: [B, kv_heads, capacity, head_dim]; the first `width` columns are in use.
-    `attention`: [B, capacity] bool, True on the columns a row attends to (its prompt after the left padding,
-    then every decoded token).
+    `attention`: [B, capacity] bool, True on the columns a row attends to (its prompt's tokens, not the
+    padding `minirl.decoding.prefill` put around them, then every decoded token).
     """
 
     def __init__(self, model, cache: DynamicCache, attention: torch.Tensor, room: int = 64) -> None:
@@ -61,9 +61,8 @@ class LlamaFamilyDecoder:
     def row_cache(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Row `row`'s keys and values per layer, [kv_heads, tokens it attends to, head_dim] each."""
         used = self.attention[row, : self.width]
-        return [k[row, :, : self.width][:, used] for k in self.keys], [
-            v[row, :, : self.width][:, used] for v in self.values
-        ]
+        keys = [k[row, :, : self.width][:, used] for k in self.keys]
+        return keys, [v[row, :, : self.width][:, used] for v in self.values]
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Feed each row one token (`tokens`, `positions`: [B] ids and positions); [B, V] float32 next logits."""
