@@ -44,8 +44,8 @@ class TorchEngine(ModuleEngine):
     def sample(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         completions = [Completion([], [], False) for _ in prompts]
         live = list(range(len(prompts)))  # indices into `prompts` of the rows still in the batch
-        finished = PrefixStore()
-        batch = CachedBatch(self.model, prompts, self.pad_id, reuse=self.finished, store=finished)
+        batch = CachedBatch(self.model, prompts, self.pad_id, reuse=self.finished, store=PrefixStore())
+        self.finished = batch.store  # the last call's rows are in the new cache now: free their copies
         for step in range(params.max_new_tokens):
             tokens, logprobs = sample_tokens(batch.logits, params)
             for row, token, logprob in zip(live, tokens.tolist(), logprobs.tolist()):
@@ -61,7 +61,6 @@ class TorchEngine(ModuleEngine):
                 live = [live[i] for i in keep.tolist()]
                 batch.step(tokens[keep], keep)
         batch.store_live_rows()
-        self.finished = finished
         for completion in completions:
             completion.stopped = completion.token_ids[-1] == self.eos_id
         return completions
