@@ -93,21 +93,14 @@ def prefill(
     device = next(model.parameters()).device
     distinct = list(dict.fromkeys(prompts))
     reused = [reuse.longest(prompt) if reuse is not None else None for prompt in distinct]
-    old = [len(prefix.tokens) if prefix is not None else 0 for prefix in reused]  # [U] tokens whose KV is reused
-    old_width = max(old)
-    new_width = max(len(prompt) - n for prompt, n in zip(distinct, old))
-    ids = torch.full((len(distinct), new_width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(distinct), old_width + new_width), dtype=torch.long)
-    positions = torch.zeros((len(distinct), new_width), dtype=torch.long)
-    for row, (prompt, n) in enumerate(zip(distinct, old)):
-        new = len(prompt) - n
-        ids[row, new_width - new :] = torch.tensor(prompt[n:])
-        attention[row, old_width - n : old_width] = 1
-        attention[row, old_width + new_width - new :] = 1
-        positions[row, new_width - new :] = torch.arange(n, len(prompt))
+    old = [len(prefix.tokens) if prefix is not None else 0 for prefix in reused]  # tokens whose KV is reused
+    old_width, reused_lengths = max(old), torch.tensor(old)[:, None]  # [U, 1]
+    ids, new_attention = left_padded([prompt[n:] for prompt, n in zip(distinct, old)], pad_id)  # [U, new_width]
+    positions = (reused_lengths + new_attention.cumsum(-1) - 1).clamp(min=0)  # [U, new_width]; pads masked
+    old_attention = (torch.arange(old_width) >= old_width - reused_lengths).long()  # [U, old_width]
     if old_width > 0:
         _fill(cache, reused, old_width, device)
-    attention = attention.to(device)
+    attention = torch.cat([old_attention, new_attention], dim=1).to(device)
     out = model(
         input_ids=ids.to(device),
         attention_mask=attention,
@@ -196,20 +189,22 @@ class CachedBatch:
         self.decoder = decoder(model, cache, attention)
         self.live = list(range(len(prompts)))  # the cache rows of the rows still in the batch
         self.store = store
-        self.fed = [list(p) for p in prompts] if store is not None else []  # each cache row's tokens so far
+        self.fed = [list(p) for p in prompts] if store is not None else None  # each cache row's tokens so far
 
     def step(self, tokens: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Drop the rows not in `keep` (indices into the current rows, ascending; None keeps all), feed
         each kept row its next token (`tokens`: [B'] ids of the kept rows) and return their logits."""
         if keep is not None:
             kept = [self.live[row] for row in keep.tolist()]
-            for row in sorted(set(self.live) - set(kept)) if self.store is not None else []:
-                self._store(row)
+            if self.store is not None:
+                for row in set(self.live) - set(kept):
+                    self._store(row)
             self.live = kept
             if len(kept) <= 3 * len(self.positions) // 4:
                 self._compact()
-        for row, token in zip(self.live, tokens.tolist() if self.store is not None else []):
-            self.fed[row].append(token)
+        if self.fed is not None:
+            for row, token in zip(self.live, tokens.tolist()):
+                self.fed[row].append(token)
         tokens = tokens.to(self.device)
         rows = len(self.positions)
         if len(self.live) < rows:  # rows that left are fed padding; their logits are dropped
@@ -224,11 +219,12 @@ class CachedBatch:
         live = torch.tensor(self.live, device=self.device)
         self.decoder.select(live)
         self.positions = self.positions[live]
-        self.fed = [self.fed[row] for row in self.live] if self.store is not None else []
+        if self.fed is not None:
+            self.fed = [self.fed[row] for row in self.live]
         self.live = list(range(len(self.live)))
 
     def store_live_rows(self) -> None:
-        """Store every row still in the batch (see the class docstring)."""
+        """Store every row still in the batch in `store` (see the class docstring)."""
         for row in self.live:
             self._store(row)
 

@@ -44,8 +44,9 @@ class TorchEngine(ModuleEngine):
     def sample(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         completions = [Completion([], [], False) for _ in prompts]
         live = list(range(len(prompts)))  # indices into `prompts` of the rows still in the batch
-        batch = CachedBatch(self.model, prompts, self.pad_id, reuse=self.finished, store=PrefixStore())
-        self.finished = batch.store  # the last call's rows are in the new cache now: free their copies
+        finished = PrefixStore()
+        batch = CachedBatch(self.model, prompts, self.pad_id, reuse=self.finished, store=finished)
+        self.finished = finished  # the last call's rows are in the new cache now: free their copies
         for step in range(params.max_new_tokens):
             tokens, logprobs = sample_tokens(batch.logits, params)
             for row, token, logprob in zip(live, tokens.tolist(), logprobs.tolist()):
