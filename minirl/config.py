@@ -236,9 +236,10 @@ class AlgoConfig:
     rollout_is: RolloutIS = RolloutIS.off
     rollout_is_threshold: float = 2.0  # C
     # DAPO dynamic sampling (minirl/algos/dapo.py): drop groups whose rewards all tie; then roll out up to
-    # max_resample_rounds more rounds of prompts_per_step prompts until prompts_per_step groups are kept
+    # max_resample_rounds more rounds until trainer.prompts_per_step groups are kept, and drop the surplus
     dynamic_sampling: bool = True
     max_resample_rounds: int = 1
+    prompts_per_round: int = 0  # prompts each round rolls out (verl's gen_batch_size); 0 = trainer.prompts_per_step
     # trajectories cut by rollout.max_new_tokens or rollout.max_total_tokens: off | mask (no loss) | penalty
     # (DAPO's soft overlong punishment: from overlong_buffer tokens before the nearer limit down to -overlong_penalty)
     overlong: Overlong = Overlong.off
@@ -256,6 +257,12 @@ class AlgoConfig:
         threshold = self.rollout_is_threshold
         _check(threshold >= 1, "algo.rollout_is_threshold", f"must be >= 1, got {threshold}")
         _check(self.max_resample_rounds >= 0, "algo.max_resample_rounds", "must be >= 0")
+        _check(self.prompts_per_round >= 0, "algo.prompts_per_round", f"must be >= 0, got {self.prompts_per_round}")
+        _check(
+            self.dynamic_sampling or self.prompts_per_round == 0,
+            "algo.prompts_per_round",
+            "rounds larger than the batch need a filter: set algo.dynamic_sampling=true or leave it at 0",
+        )
         _check(
             self.dynamic_sampling or self.max_resample_rounds == 0,
             "algo.max_resample_rounds",
@@ -327,6 +334,9 @@ class TrainerConfig:
     nan_loss_steps: List[int] = field(default_factory=list)  # fault drill: these steps' losses are made NaN
     trajectories_every: int = 10  # write sampled trajectories to <run dir>/trajectories.jsonl (0 = never)
     seed: int = 0
+    # the same seed and thread count give the same run, bit for bit (torch.use_deterministic_algorithms);
+    # false lets a few kernels (e.g. accumulating index writes) run in parallel in a varying order
+    deterministic: bool = True
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
     def __post_init__(self) -> None:

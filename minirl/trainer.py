@@ -18,6 +18,7 @@ Example (what `python -m minirl.train` runs after composing the config):
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field, fields, replace
@@ -77,10 +78,15 @@ def check_names(cfg: Config) -> None:
     CALL_FORMATS.get(cfg.protocol.format)
 
 
-def seed_everything(seed: int) -> None:
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed every RNG; `deterministic` also picks kernels whose float sums run in a fixed order, so that a
+    seed gives the same run each time (on CPU, accumulating index writes otherwise add in thread order)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for fixed-order sums
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
 
 
 @dataclass
@@ -201,7 +207,7 @@ class TrainResult:
 class Trainer:
     def __init__(self, cfg: Config, console: Console | None = None) -> None:
         check_names(cfg)
-        seed_everything(cfg.trainer.seed)
+        seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
         self.cfg, self.console = cfg, console or Console()
         self.run_dir = Path(cfg.output_dir)
         self.device = resolve_device(cfg.trainer.device)
@@ -241,14 +247,14 @@ class Trainer:
             return 0.5 * (1 + math.cos(math.pi * progress))
         return 1.0
 
-    def next_tasks(self) -> list[Task]:
-        """The next prompts_per_step tasks of a reshuffled pass over the training set."""
-        while len(self.task_queue) < self.cfg.trainer.prompts_per_step:
+    def next_tasks(self, count: int) -> list[Task]:
+        """The next `count` tasks of a reshuffled pass over the training set."""
+        while len(self.task_queue) < count:
             epoch = list(self.train_tasks)
             self.task_rng.shuffle(epoch)
             self.task_queue += epoch
-        batch = self.task_queue[: self.cfg.trainer.prompts_per_step]
-        del self.task_queue[: len(batch)]
+        batch = self.task_queue[:count]
+        del self.task_queue[:count]
         return batch
 
     def rollout(self, tasks: list[Task], group_size: int, temperature: float) -> list[Trajectory]:
@@ -294,21 +300,24 @@ class Trainer:
         return rewards - algo.kl_coef * kl, {"kl/in_reward": kl.mean().item()}
 
     def sample_groups(self) -> tuple[list[Trajectory], list[Trajectory]]:
-        """Rollout and reward for prompts_per_step prompts: (every trajectory sampled this step, the ones to
-        learn from), groups contiguous in both.
+        """Rollout and reward for a step: (every trajectory sampled this step, the ones to learn from), groups
+        contiguous in both.
 
         Under algo.overlong=penalty the rewards include DAPO's soft overlong punishment (punish_overlong).
-        Dynamic sampling (DAPO, algo.dynamic_sampling) drops the groups whose rewards all tie and, for up to
-        algo.max_resample_rounds more rounds, rolls out further prompts until prompts_per_step groups are kept,
-        then drops the surplus. Unlike DAPO, which samples until the batch is full, the batch may end short or
-        empty (the step then makes no update); group_metrics counts both.
+        Without dynamic sampling a step rolls out prompts_per_step prompts and learns from all of them. Dynamic
+        sampling (DAPO, algo.dynamic_sampling) rolls out rounds of algo.prompts_per_round prompts (default
+        prompts_per_step), drops the groups whose rewards all tie, and stops once prompts_per_step groups are
+        kept or after algo.max_resample_rounds extra rounds; the surplus is dropped. One large round costs less
+        than several small ones (one decoding loop). Unlike DAPO, which samples until the batch is full, the
+        batch may end short or empty (the step then makes no update); group_metrics counts both.
         """
         cfg, algo = self.cfg, self.cfg.algo
         size, wanted = cfg.rollout.group_size, cfg.trainer.prompts_per_step * cfg.rollout.group_size
+        per_round = algo.prompts_per_round or cfg.trainer.prompts_per_step
         sampled: list[Trajectory] = []
         kept: list[Trajectory] = []
         for _ in range(1 + algo.max_resample_rounds):
-            trajs = self.rollout(self.next_tasks(), size, cfg.rollout.temperature)  # rollout
+            trajs = self.rollout(self.next_tasks(per_round), size, cfg.rollout.temperature)  # rollout
             score_all(trajs, cfg.reward)  # reward
             if algo.overlong is Overlong.penalty:
                 self.punish_overlong(trajs)
@@ -463,9 +472,10 @@ class Trainer:
         memory raises TrainingError with the sizes that caused it."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        rows = cfg.trainer.prompts_per_step * cfg.rollout.group_size
+        rows = (cfg.algo.prompts_per_round or cfg.trainer.prompts_per_step) * cfg.rollout.group_size
         with reported_out_of_memory("rollout", rows, cfg.rollout.max_total_tokens, "lower rollout.group_size, "
-                                    "trainer.prompts_per_step or rollout.max_total_tokens"):  # fmt: skip
+                                    "trainer.prompts_per_step, algo.prompts_per_round "
+                                    "or rollout.max_total_tokens"):  # fmt: skip
             sampled, trajs = self.sample_groups()
         t1 = time.perf_counter()
         longest = max((len(t.prompt_ids) + len(t.response_ids) for t in trajs), default=0)

@@ -199,6 +199,28 @@ def test_prompt_shared_forward_gives_the_plain_forwards_logits_and_gradients(cac
     assert not torch.allclose(shifted.detach()[read], plain[read], atol=1e-3)  # a wrong prefix length shows
 
 
+def test_shared_prompt_gradients_are_the_same_on_every_pass(cache_dir, tmp_path):
+    """trainer.deterministic (the default): the gradient a shared prompt gathers from its rows adds up in a fixed
+    order. CPU threads otherwise add the rows' parts of it in whatever order they run, and the sums differ."""
+    if torch.get_num_threads() < 2:
+        pytest.skip("a single CPU thread adds in a fixed order anyway")
+    trainer = Trainer(debug_config(cache_dir, tmp_path, "loss.beta=0"), console=None)
+    rows, prompt, suffix = 32, 100, 20  # enough keys and values for the CPU kernels to split across threads
+    g, vocab = torch.Generator().manual_seed(0), trainer.policy.config.vocab_size
+    shared = torch.randint(vocab, (prompt,), generator=g).expand(rows, -1)
+    ids = torch.cat([shared, torch.randint(vocab, (rows, suffix), generator=g)], dim=1)  # [32, 120]
+
+    def gradients() -> list[torch.Tensor]:
+        trainer.policy.zero_grad()
+        logits = prompt_shared_logits(trainer.policy, ids, torch.ones_like(ids), torch.full((rows,), prompt), suffix)
+        logits.float().log_softmax(dim=-1).mean().backward()
+        return [p.grad.clone() for p in trainer.policy.parameters()]
+
+    first = gradients()
+    for _ in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(first, gradients()))
+
+
 def plain_logits(model, input_ids, attention_mask, keep):
     return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
 
@@ -278,6 +300,17 @@ def test_dynamic_sampling_drops_tied_groups_counts_them_and_refills(cache_dir, t
     scripted_rewards(monkeypatch, [[1, 1, 0, 1]])
     sampled, kept = trainer.sample_groups()
     assert [id(t) for t in kept] == [id(t) for t in sampled[2:4]]
+
+
+def test_a_round_larger_than_the_batch_keeps_the_first_groups_that_differ(cache_dir, tmp_path, monkeypatch):
+    overrides = ("algo.dynamic_sampling=true", "algo.prompts_per_round=3", "algo.max_resample_rounds=1", "loss.beta=0")
+    trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides), console=None)
+    # one round of three groups of two: (differs, tied, differs); two groups kept, so no second round
+    scripted_rewards(monkeypatch, [[0, 1, 1, 1, 1, 0]])
+    sampled, kept = trainer.sample_groups()
+    assert len(sampled) == 6
+    assert [id(t) for t in kept] == [id(t) for t in sampled[0:2] + sampled[4:6]]
+    assert len({t.task.id for t in sampled}) == 3  # three different tasks in the round
 
 
 def test_a_step_whose_groups_all_tie_makes_no_update(cache_dir, tmp_path, monkeypatch):
