@@ -238,7 +238,7 @@ class AlgoConfig:
     # DAPO dynamic sampling (minirl/algos/dapo.py): drop groups whose rewards all tie; then roll out up to
     # max_resample_rounds more rounds until trainer.prompts_per_step groups are kept, and drop the surplus
     dynamic_sampling: bool = True
-    max_resample_rounds: int = 1
+    max_resample_rounds: int = 0
     prompts_per_round: int = 0  # prompts each round rolls out (verl's gen_batch_size); 0 = trainer.prompts_per_step
     # trajectories cut by rollout.max_new_tokens or rollout.max_total_tokens: off | mask (no loss) | penalty
     # (DAPO's soft overlong punishment: from overlong_buffer tokens before the nearer limit down to -overlong_penalty)
@@ -312,7 +312,7 @@ class LRSchedule(str, Enum):
 @dataclass
 class TrainerConfig:
     steps: int = 50
-    prompts_per_step: int = 8  # tasks per step; the batch holds prompts_per_step * group_size trajectories
+    prompts_per_step: int = 20  # tasks per step, group_size samples each; dynamic sampling drops the groups that tie
     lr: float = 3e-4
     lr_schedule: LRSchedule = LRSchedule.cosine
     warmup_steps: int = 0
