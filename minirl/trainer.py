@@ -247,6 +247,11 @@ class Trainer:
             return 0.5 * (1 + math.cos(math.pi * progress))
         return 1.0
 
+    @property
+    def prompts_per_round(self) -> int:
+        """Prompts one rollout round samples: algo.prompts_per_round, or trainer.prompts_per_step when that is 0."""
+        return self.cfg.algo.prompts_per_round or self.cfg.trainer.prompts_per_step
+
     def next_tasks(self, count: int) -> list[Task]:
         """The next `count` tasks of a reshuffled pass over the training set."""
         while len(self.task_queue) < count:
@@ -313,11 +318,10 @@ class Trainer:
         """
         cfg, algo = self.cfg, self.cfg.algo
         size, wanted = cfg.rollout.group_size, cfg.trainer.prompts_per_step * cfg.rollout.group_size
-        per_round = algo.prompts_per_round or cfg.trainer.prompts_per_step
         sampled: list[Trajectory] = []
         kept: list[Trajectory] = []
         for _ in range(1 + algo.max_resample_rounds):
-            trajs = self.rollout(self.next_tasks(per_round), size, cfg.rollout.temperature)  # rollout
+            trajs = self.rollout(self.next_tasks(self.prompts_per_round), size, cfg.rollout.temperature)  # rollout
             score_all(trajs, cfg.reward)  # reward
             if algo.overlong is Overlong.penalty:
                 self.punish_overlong(trajs)
@@ -472,7 +476,7 @@ class Trainer:
         memory raises TrainingError with the sizes that caused it."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        rows = (cfg.algo.prompts_per_round or cfg.trainer.prompts_per_step) * cfg.rollout.group_size
+        rows = self.prompts_per_round * cfg.rollout.group_size
         with reported_out_of_memory("rollout", rows, cfg.rollout.max_total_tokens, "lower rollout.group_size, "
                                     "trainer.prompts_per_step, algo.prompts_per_round "
                                     "or rollout.max_total_tokens"):  # fmt: skip
