@@ -188,6 +188,7 @@ class CachedBatch:
         decoder = LlamaFamilyDecoder if supports(model) else TransformersDecoder
         self.decoder = decoder(model, cache, attention)
         self.live = list(range(len(prompts)))  # the cache rows of the rows still in the batch
+        self.live_index: torch.Tensor | None = None  # self.live as a tensor while some cache rows are dead
         self.store = store
         self.fed = [list(p) for p in prompts] if store is not None else None  # each cache row's tokens so far
 
@@ -202,17 +203,18 @@ class CachedBatch:
             self.live = kept
             if len(kept) <= 3 * len(self.positions) // 4:
                 self._compact()
+            dead = len(self.live) < len(self.positions)
+            self.live_index = torch.tensor(self.live, device=self.device) if dead else None
         if self.fed is not None:
             for row, token in zip(self.live, tokens.tolist()):
                 self.fed[row].append(token)
         tokens = tokens.to(self.device)
-        rows = len(self.positions)
-        if len(self.live) < rows:  # rows that left are fed padding; their logits are dropped
-            live = torch.tensor(self.live, device=self.device)
-            tokens = torch.full((rows,), self.pad_id, device=self.device).index_copy_(0, live, tokens)
+        if self.live_index is not None:  # rows that left are fed padding; their logits are dropped
+            padded = torch.full((len(self.positions),), self.pad_id, device=self.device)
+            tokens = padded.index_copy_(0, self.live_index, tokens)
         self.positions = self.positions + 1
         logits = self.decoder.step(tokens, self.positions)  # [R, V]
-        self.logits = logits if len(self.live) == rows else logits[live]
+        self.logits = logits if self.live_index is None else logits[self.live_index]
         return self.logits
 
     def _compact(self) -> None:
