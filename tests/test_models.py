@@ -7,8 +7,8 @@ import torch
 from conftest import CALC_TOOL, CONVERSATION
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from minirl.config import Config, TinyModelConfig
-from minirl.models.loading import load_model, load_tokenizer
+from minirl.config import Config, TinyModelConfig, TrainerConfig
+from minirl.models.loading import load_model, load_tokenizer, resolve_device
 from minirl.models.tiny import build_model, build_tokenizer, render_texts
 from minirl.sft import assistant_token_loss, tokenize_conversation
 
@@ -95,3 +95,30 @@ def test_names_from_the_question_are_the_same_tokens_inside_a_call():
         assert len(name_ids) == 1  # the corpus made it a word of its own
         for text in (question, call):
             assert name_ids[0] in tokenizer.encode(text), (text, name)
+
+
+@pytest.fixture
+def attention_switches():
+    """The process-wide attention kernel switches, restored after the test."""
+    cuda = torch.backends.cuda
+    saved = cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled()
+    yield lambda: (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled())
+    cuda.enable_cudnn_sdp(saved[0])
+    cuda.enable_flash_sdp(saved[1])
+    cuda.enable_mem_efficient_sdp(saved[2])
+
+
+@pytest.mark.parametrize(
+    "deterministic, expected",
+    [(True, (False, False, False)), (False, (False, True, True))],  # (cuDNN, flash, memory-efficient) on
+)
+def test_a_cuda_device_picks_attention_kernels_and_a_cpu_device_leaves_them(
+    attention_switches, deterministic, expected
+):
+    # the CPU attention kernels read the same switches, so a CPU run must not flip them (its numerics would change);
+    # naming a CUDA device touches no GPU, so this runs anywhere
+    before = attention_switches()
+    assert resolve_device(TrainerConfig(device="cpu", deterministic=deterministic)) == torch.device("cpu")
+    assert attention_switches() == before
+    assert resolve_device(TrainerConfig(device="cuda:0", deterministic=deterministic)) == torch.device("cuda:0")
+    assert attention_switches() == expected

@@ -9,13 +9,28 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from minirl.config import Config
+from minirl.config import Config, TrainerConfig
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(trainer: TrainerConfig) -> torch.device:
+    """`trainer.device` as a torch device (auto: CUDA when there is one); on CUDA, picks attention kernels."""
+    name = trainer.device
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        choose_cuda_attention(trainer.deterministic)
+    return device
+
+
+def choose_cuda_attention(deterministic: bool) -> None:
+    """cuDNN's fused attention builds a graph for each new sequence length (hundreds of ms each), and
+    rollouts and updates bring new lengths every step, so it is off. The other fused kernels' backward
+    passes add up in whatever order their blocks finish: a deterministic run attends with the math kernel.
+    (CUDA only: the CPU kernels read the same switches.)"""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.backends.cuda.enable_flash_sdp(not deterministic)
+    torch.backends.cuda.enable_mem_efficient_sdp(not deterministic)
 
 
 def resolve_model_path(cfg: Config, console, warm_start: bool = True) -> str:
