@@ -145,7 +145,7 @@ def main(dict_cfg: DictConfig) -> None:
 def _run_sft(cfg: Config, console) -> None:
     from minirl.models.loading import load_model_and_tokenizer, resolve_device
 
-    device = resolve_device(cfg.trainer)
+    device = resolve_device(cfg.trainer.device, cfg.trainer.deterministic)
     model, tokenizer = load_model_and_tokenizer(cfg, console, device, warm_start=False)
     examples = sft_examples(tokenizer, cfg)
     console.print(f"SFT on {len(examples)} {cfg.sft.corpus} conversations, {cfg.sft.epochs} epochs")

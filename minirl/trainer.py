@@ -210,7 +210,7 @@ class Trainer:
         seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
         self.cfg, self.console = cfg, console or Console()
         self.run_dir = Path(cfg.output_dir)
-        self.device = resolve_device(cfg.trainer)
+        self.device = resolve_device(cfg.trainer.device, cfg.trainer.deterministic)
         dataset = DATASETS.get(cfg.data.name)(cfg.data)
         self.train_tasks, self.heldout, self.skipped_rows = dataset.train, dataset.heldout, dataset.skipped
         path = resolve_model_path(cfg, self.console)

@@ -7,7 +7,7 @@ import torch
 from conftest import CALC_TOOL, CONVERSATION
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from minirl.config import Config, TinyModelConfig, TrainerConfig
+from minirl.config import Config, TinyModelConfig
 from minirl.models.loading import load_model, load_tokenizer, resolve_device
 from minirl.models.tiny import build_model, build_tokenizer, render_texts
 from minirl.sft import assistant_token_loss, tokenize_conversation
@@ -118,7 +118,7 @@ def test_a_cuda_device_picks_attention_kernels_and_a_cpu_device_leaves_them(
     # the CPU attention kernels read the same switches, so a CPU run must not flip them (its numerics would change);
     # naming a CUDA device touches no GPU, so this runs anywhere
     before = attention_switches()
-    assert resolve_device(TrainerConfig(device="cpu", deterministic=deterministic)) == torch.device("cpu")
+    assert resolve_device("cpu", deterministic) == torch.device("cpu")
     assert attention_switches() == before
-    assert resolve_device(TrainerConfig(device="cuda:0", deterministic=deterministic)) == torch.device("cuda:0")
+    assert resolve_device("cuda:0", deterministic) == torch.device("cuda:0")
     assert attention_switches() == expected

@@ -82,8 +82,17 @@ def test_format_readers_return_a_call_or_a_reason(call_format, body):
         assert isinstance(name, str) and name and isinstance(arguments, dict)
 
 
-# markup that ends a call or an argument early: a value holding it is malformed by design
-CALL_MARKUP = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, "<function=", "</function>", "<parameter=", "</parameter>")
+# markup that ends a call or an argument early: a value holding it is malformed by design; and the
+# end-of-turn marker, where a turn ends (the sampler stops at its token; rendered_turn cuts the text there)
+CALL_MARKUP = (
+    TOOL_CALL_OPEN,
+    TOOL_CALL_CLOSE,
+    "<function=",
+    "</function>",
+    "<parameter=",
+    "</parameter>",
+    "<|im_end|>",
+)
 names = st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True)
 keys = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,15}", fullmatch=True)
 plain_text = st.text().filter(lambda s: not any(tag in s for tag in CALL_MARKUP))

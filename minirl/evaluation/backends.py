@@ -42,7 +42,7 @@ class LocalBackend:
     eval.temperature (0 = greedy), the sampler seeded by eval.seed."""
 
     def __init__(self, cfg: Config, console: Console) -> None:
-        device = resolve_device(cfg.trainer)
+        device = resolve_device(cfg.trainer.device)
         path = resolve_model_path(cfg, console)
         self.tokenizer = load_tokenizer(path, cfg)
         policy = load_model(path, cfg, device, trainable=False)

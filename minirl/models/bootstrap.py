@@ -92,7 +92,7 @@ def _warm_start(cfg: Config, base: Path, target: Path, console) -> None:
     from minirl.models.loading import load_model, load_tokenizer, resolve_device
     from minirl.sft import sft_examples, train_sft
 
-    device = resolve_device(cfg.trainer)
+    device = resolve_device(cfg.trainer.device, cfg.trainer.deterministic)
     model, tokenizer = load_model(str(base), cfg, device), load_tokenizer(str(base), cfg)
     examples = sft_examples(tokenizer, cfg)
     console.print(

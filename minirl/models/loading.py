@@ -9,17 +9,17 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from minirl.config import Config, TrainerConfig
+from minirl.config import Config
 
 
-def resolve_device(trainer: TrainerConfig) -> torch.device:
-    """`trainer.device` as a torch device (auto: CUDA when there is one); on CUDA, picks attention kernels."""
-    name = trainer.device
+def resolve_device(name: str, deterministic: bool = False) -> torch.device:
+    """`name` (auto: CUDA when there is one) as a torch device; on CUDA, picks the attention kernels.
+    `deterministic`: backward passes must add up in a fixed order (training under trainer.deterministic)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda":
-        choose_cuda_attention(trainer.deterministic)
+        choose_cuda_attention(deterministic)
     return device
 
 

@@ -1,4 +1,10 @@
-"""Tool results as the tool messages the model reads, each cut to a token budget.
+"""Tool results as the tool messages the model reads: control tokens defused, each cut to a token budget.
+
+A tool result is hostile text (model-written code prints whatever it likes), and the tokenizer reads
+the text of a control token (`<|im_end|>`, `<|im_start|>`, `</tool_response>`, ...) anywhere in a
+rendered conversation as that token: a result could end its own message and forge the turns after
+it. Each such string in a result gets a zero-width space after its first character, so it reads the
+same but tokenizes as plain text.
 
 The executor already caps an observation in characters; this cap is in tokens of the policy's
 own tokenizer, so one tool result cannot eat the context. A longer result keeps its first
@@ -16,6 +22,21 @@ if TYPE_CHECKING:
     from minirl.tools.base import ToolResult
 
 TRUNCATION_MARKER = "\n...[truncated {} tokens]"
+ZERO_WIDTH_SPACE = "\u200b"
+
+
+def control_tokens(tokenizer) -> list[str]:
+    """The texts of the tokenizer's added tokens that are special or markup (`<...>`), longest first."""
+    added = tokenizer.added_tokens_decoder.values()
+    texts = {t.content for t in added if t.special or (t.content.startswith("<") and t.content.endswith(">"))}
+    return sorted(texts, key=len, reverse=True)
+
+
+def defuse_control_tokens(tokenizer, text: str) -> str:
+    """`text` with a zero-width space after the first character of every control token's text in it."""
+    for token in control_tokens(tokenizer):
+        text = text.replace(token, token[0] + ZERO_WIDTH_SPACE + token[1:])
+    return text
 
 
 def cap_tokens(tokenizer, text: str, max_tokens: int) -> str:
@@ -28,4 +49,7 @@ def cap_tokens(tokenizer, text: str, max_tokens: int) -> str:
 
 def tool_messages(results: Sequence[ToolResult], tokenizer, max_tokens: int) -> list[dict]:
     """One `{"role": "tool", "tool_call_id", "name", "content"}` message per result, in call order."""
-    return [{**r.to_message(), "content": cap_tokens(tokenizer, r.content, max_tokens)} for r in results]
+    return [
+        {**r.to_message(), "content": cap_tokens(tokenizer, defuse_control_tokens(tokenizer, r.content), max_tokens)}
+        for r in results
+    ]

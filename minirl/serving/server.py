@@ -29,7 +29,7 @@ def serve(cfg: Config, console: Console) -> None:
 
     CALL_FORMATS.get(cfg.protocol.format)  # an unknown format fails before the model loads
     path = resolve_model_path(cfg, console)
-    model = load_model(path, cfg, resolve_device(cfg.trainer), trainable=False)  # the run's device setting
+    model = load_model(path, cfg, resolve_device(cfg.trainer.device), trainable=False)  # the run's device setting
     tokenizer = load_tokenizer(path, cfg)
     served = ServedModel(cfg.serve.model_id or cfg.model.name_or_path, tokenizer, model.config.max_position_embeddings)
     scheduler = Scheduler(Decoder(model, tokenizer), cfg.serve.max_batch_size, cfg.serve.max_queue)
