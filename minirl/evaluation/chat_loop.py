@@ -10,9 +10,11 @@ reasoning the endpoint returns apart (`reasoning_content`) goes back into the tu
 Where it differs: the endpoint renders the conversation itself, so there are no token ids or log-probs; the
 total-token budget is read from the response's `usage` (when the endpoint reports it), and a turn past it is
 kept whole, not cut; tool results are cut only in characters (tools.max_output_chars), not to
-protocol.max_tool_output_tokens, which needs the tokenizer. A turn's text is what the endpoint returns, not the
-sampled text verbatim (no call markup; a <think> cut by max_tokens comes back closed), so reward terms that read
-raw text (repetition, think length) can differ on a conversation that did not end with an answer.
+protocol.max_tool_output_tokens, which needs the tokenizer, and go as they are: the text of a control token
+in a result (`<|im_end|>`) is not defused, so the endpoint's tokenizer may read it as that token. A turn's
+text is what the endpoint returns, not the sampled text verbatim (no call markup; a <think> cut by max_tokens
+comes back closed), so reward terms that read raw text (repetition, think length) can differ on a conversation
+that did not end with an answer.
 A request that still fails after the client's retries ends its conversation as FinishReason.ERROR with the error.
 """
 
