@@ -1,0 +1,68 @@
+"""Greedy held-out success of checkpoints by task kind, on a held-out set larger than a run's own.
+
+    python experiments/heldout_by_kind.py [--size 512] NAME=PATH [NAME=PATH ...]
+
+A run evaluates on 64 held-out tasks, so one task is 1.6 points and the gain of a run is noisy. This draws
+`--size` held-out tasks of the default data config (its first 64 are the run's own held-out set), drops
+every task whose question is among the training tasks a run could have drawn, and evaluates each
+checkpoint greedily through the training agent loop. Prints, per checkpoint, the share solved of each kind
+(one call, two calls, no tool), which says which skill a run gained or lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from dataclasses import replace
+
+from hydra import compose, initialize_config_dir
+from rich.console import Console
+
+from minirl.config import register_configs, to_config
+from minirl.data import DATASETS
+from minirl.data.task import Task
+from minirl.entry import CONF_DIR
+from minirl.evaluation.backends import LocalBackend
+from minirl.rewards import SUCCESS_CRITERIA, score_all
+
+
+def unseen_heldout(cfg, size: int) -> list[Task]:
+    """The first `size` held-out tasks of `cfg.data` whose question no training task asks, one per question."""
+    train = {t.messages[-1]["content"] for t in DATASETS.get(cfg.data.name)(cfg.data).train}
+    seen, tasks = set(), []
+    for task in DATASETS.get(cfg.data.name)(replace(cfg.data, heldout_size=size)).heldout:
+        question = task.messages[-1]["content"]
+        if question not in train and question not in seen:
+            seen.add(question)
+            tasks.append(task)
+    return tasks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=512, help="held-out tasks to draw before dropping")
+    parser.add_argument("checkpoints", nargs="+", help="NAME=PATH (a checkpoint directory, or tiny)")
+    args = parser.parse_args()
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = to_config(compose("config", overrides=["logger=none"]))
+    tasks = unseen_heldout(cfg, args.size)
+    solved = SUCCESS_CRITERIA.get(cfg.reward.success)
+    kinds = sorted({t.kind for t in tasks})
+    print("| checkpoint | all | " + " | ".join(kinds) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in kinds) + " |")
+    for spec in args.checkpoints:
+        name, path = spec.split("=", 1)
+        run_cfg = replace(cfg, model=replace(cfg.model, name_or_path=path))
+        trajs = LocalBackend(run_cfg, Console(quiet=True)).run(tasks)
+        score_all(trajs, run_cfg.reward)
+        by_kind = defaultdict(list)
+        for traj in trajs:
+            by_kind[traj.task.kind].append(bool(solved(traj)))
+        cells = [f"{sum(by_kind[k])} / {len(by_kind[k])}" for k in kinds]
+        total = sum(sum(v) for v in by_kind.values())
+        print(f"| {name} | {100 * total / len(trajs):.1f}% | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
