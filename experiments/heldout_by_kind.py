@@ -12,7 +12,7 @@ checkpoint greedily through the training agent loop. Prints, per checkpoint, the
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
+from collections import Counter
 from dataclasses import replace
 
 from hydra import compose, initialize_config_dir
@@ -23,6 +23,7 @@ from minirl.data import DATASETS
 from minirl.data.task import Task
 from minirl.entry import CONF_DIR
 from minirl.evaluation.backends import LocalBackend
+from minirl.metrics import success_by_kind
 from minirl.rewards import SUCCESS_CRITERIA, score_all
 
 
@@ -48,7 +49,8 @@ def main() -> None:
         cfg = to_config(compose("config", overrides=["logger=none"]))
     tasks = unseen_heldout(cfg, args.size)
     solved = SUCCESS_CRITERIA.get(cfg.reward.success)
-    kinds = sorted({t.kind for t in tasks})
+    counts = Counter(t.kind for t in tasks)
+    kinds = sorted(counts)
     print("| checkpoint | all | " + " | ".join(kinds) + " |")
     print("| --- | --- | " + " | ".join("---" for _ in kinds) + " |")
     for spec in args.checkpoints:
@@ -56,12 +58,10 @@ def main() -> None:
         run_cfg = replace(cfg, model=replace(cfg.model, name_or_path=path))
         trajs = LocalBackend(run_cfg, Console(quiet=True)).run(tasks)
         score_all(trajs, run_cfg.reward)
-        by_kind = defaultdict(list)
-        for traj in trajs:
-            by_kind[traj.task.kind].append(bool(solved(traj)))
-        cells = [f"{sum(by_kind[k])} / {len(by_kind[k])}" for k in kinds]
-        total = sum(sum(v) for v in by_kind.values())
-        print(f"| {name} | {100 * total / len(trajs):.1f}% | " + " | ".join(cells) + " |", flush=True)
+        rates = success_by_kind(trajs, solved, prefix="")
+        cells = [f"{round(rates[f'success_rate/{k}'] * counts[k])} / {counts[k]}" for k in kinds]
+        total = sum(map(solved, trajs)) / len(trajs)
+        print(f"| {name} | {100 * total:.1f}% | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

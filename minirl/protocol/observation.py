@@ -32,9 +32,9 @@ def control_tokens(tokenizer) -> list[str]:
     return sorted(texts, key=len, reverse=True)
 
 
-def defuse_control_tokens(tokenizer, text: str) -> str:
-    """`text` with a zero-width space after the first character of every control token's text in it."""
-    for token in control_tokens(tokenizer):
+def defuse_control_tokens(text: str, tokens: Sequence[str]) -> str:
+    """`text` with a zero-width space after the first character of every one of `tokens` (control_tokens) in it."""
+    for token in tokens:
         text = text.replace(token, token[0] + ZERO_WIDTH_SPACE + token[1:])
     return text
 
@@ -49,7 +49,8 @@ def cap_tokens(tokenizer, text: str, max_tokens: int) -> str:
 
 def tool_messages(results: Sequence[ToolResult], tokenizer, max_tokens: int) -> list[dict]:
     """One `{"role": "tool", "tool_call_id", "name", "content"}` message per result, in call order."""
+    tokens = control_tokens(tokenizer)  # once per turn, not per result
     return [
-        {**r.to_message(), "content": cap_tokens(tokenizer, defuse_control_tokens(tokenizer, r.content), max_tokens)}
+        {**r.to_message(), "content": cap_tokens(tokenizer, defuse_control_tokens(r.content, tokens), max_tokens)}
         for r in results
     ]
