@@ -8,8 +8,11 @@ from conftest import CALC_TOOL, CONVERSATION
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirl.config import Config, TinyModelConfig
+from minirl.data.synthetic_tools import sft_rows
+from minirl.data.task import task_from_row
 from minirl.models.loading import load_model, load_tokenizer, resolve_device
 from minirl.models.tiny import build_model, build_tokenizer, render_texts
+from minirl.protocol.chat import render
 from minirl.sft import assistant_token_loss, tokenize_conversation
 
 SMALL = TinyModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
@@ -65,9 +68,21 @@ def test_sft_mask_covers_assistant_tokens_and_end_of_turn_only(any_template_toke
     assert "<tool_response>" in masked_out and "What is 256 * 37" in masked_out
 
 
-def test_assistant_token_loss_equals_the_full_sequence_loss(tiny_policy):
-    model, tokenizer, heldout = tiny_policy
-    examples = [tokenize_conversation(tokenizer, t.conversation, t.tools) for t in heldout[:4]]
+def test_assistant_token_loss_equals_the_full_sequence_loss_with_system_parts_shared(tiny_policy):
+    model, tokenizer, _ = tiny_policy
+    corpus = [task_from_row(row, "corpus") for row in sft_rows(60, seed=0, exclude_prompts=set())]
+    first, second = [t.tools for t in corpus if t.tools][:2]
+    assert first != second
+    # rows 0-1 and 2-3 share their system parts (each encoded once), row 4 (no tools) has its own
+    tasks = [t for t in corpus if t.tools == first][:2] + [t for t in corpus if t.tools == second][:2]
+    tasks.append(next(t for t in corpus if not t.tools))
+    assert len(tasks) == 5
+    examples = [tokenize_conversation(tokenizer, t.conversation, t.tools) for t in tasks]
+    system = torch.tensor([e.system_length for e in examples])
+    assert all(system > 0)
+    assert examples[0].input_ids[: system[0]] == examples[1].input_ids[: system[1]]
+    system_part = render(tokenizer, tasks[0].conversation[:1], tasks[0].tools, add_generation_prompt=False)
+    assert examples[0].input_ids[: system[0]] == system_part
     width = max(len(e.input_ids) for e in examples)
     ids = torch.full((len(examples), width), tokenizer.pad_token_id)
     labels = torch.full((len(examples), width), -100)
@@ -77,9 +92,18 @@ def test_assistant_token_loss_equals_the_full_sequence_loss(tiny_policy):
         ids[row, :n], attention[row, :n] = torch.tensor(e.input_ids), 1
         labels[row, :n] = torch.where(torch.tensor(e.loss_mask, dtype=torch.bool), ids[row, :n], -100)
     assert (labels[:, :20] == -100).all()  # the prompt is context: there is something to skip
-    with torch.no_grad():
-        expected = model(input_ids=ids, attention_mask=attention, labels=labels).loss
-        assert torch.allclose(assistant_token_loss(model, ids, attention, labels), expected, atol=1e-5)
+
+    def gradient(loss):
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    expected = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+    expected_grad = gradient(expected)
+    loss = assistant_token_loss(model, ids, attention, labels, system)
+    assert torch.allclose(loss, expected, atol=1e-5)
+    assert torch.allclose(gradient(loss), expected_grad, atol=1e-5)  # the shared system parts get every row's share
+    model.zero_grad(set_to_none=True)
 
 
 def test_names_from_the_question_are_the_same_tokens_inside_a_call():
