@@ -21,6 +21,7 @@ from rich.console import Console
 
 from minirl.config import register_configs, to_config
 from minirl.data import DATASETS
+from minirl.data.generation import prompt_text
 from minirl.data.task import Task
 from minirl.entry import CONF_DIR
 from minirl.evaluation.backends import LocalBackend
@@ -31,10 +32,10 @@ from minirl.rollout.trajectory import FinishReason, Trajectory
 
 def unseen_heldout(cfg, size: int) -> list[Task]:
     """The first `size` held-out tasks of `cfg.data` whose question no training task asks, one per question."""
-    train = {t.messages[-1]["content"] for t in DATASETS.get(cfg.data.name)(cfg.data).train}
+    train = {prompt_text(t) for t in DATASETS.get(cfg.data.name)(cfg.data).train}
     seen, tasks = set(), []
     for task in DATASETS.get(cfg.data.name)(replace(cfg.data, heldout_size=size)).heldout:
-        question = task.messages[-1]["content"]
+        question = prompt_text(task)
         if question not in train and question not in seen:
             seen.add(question)
             tasks.append(task)

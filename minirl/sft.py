@@ -65,17 +65,24 @@ def _batches(examples: list[SFTExample], batch_size: int, pad_id: int, rng: rand
     starts = list(range(0, len(order), batch_size))
     rng.shuffle(starts)
     for i in starts:
-        chunk = [examples[j] for j in order[i : i + batch_size]]
-        width = max(len(e.input_ids) for e in chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)  # [B, L]
-        labels = torch.full((len(chunk), width), -100, dtype=torch.long)  # [B, L]; -100 = no loss
-        attention = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, e in enumerate(chunk):
-            n = len(e.input_ids)
-            ids[row, :n] = torch.tensor(e.input_ids)
-            attention[row, :n] = 1
-            labels[row, :n] = torch.where(torch.tensor(e.loss_mask, dtype=torch.bool), ids[row, :n], -100)
-        yield ids, attention, labels, torch.tensor([e.system_length for e in chunk])
+        yield collate([examples[j] for j in order[i : i + batch_size]], pad_id)
+
+
+def collate(
+    examples: Sequence[SFTExample], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batch of right-padded rows: token ids, attention mask and labels [B, L] (-100 = no loss), and each
+    row's system length [B], as assistant_token_loss takes them."""
+    width = max(len(e.input_ids) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)  # [B, L]
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)  # [B, L]
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, e in enumerate(examples):
+        n = len(e.input_ids)
+        ids[row, :n] = torch.tensor(e.input_ids)
+        attention[row, :n] = 1
+        labels[row, :n] = torch.where(torch.tensor(e.loss_mask, dtype=torch.bool), ids[row, :n], -100)
+    return ids, attention, labels, torch.tensor([e.system_length for e in examples])
 
 
 def assistant_token_loss(

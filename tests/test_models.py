@@ -13,7 +13,7 @@ from minirl.data.task import task_from_row
 from minirl.models.loading import load_model, load_tokenizer, resolve_device
 from minirl.models.tiny import build_model, build_tokenizer, render_texts
 from minirl.protocol.chat import render
-from minirl.sft import assistant_token_loss, tokenize_conversation
+from minirl.sft import assistant_token_loss, collate, tokenize_conversation
 
 SMALL = TinyModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
 
@@ -83,14 +83,8 @@ def test_assistant_token_loss_equals_the_full_sequence_loss_with_system_parts_sh
     assert examples[0].input_ids[: system[0]] == examples[1].input_ids[: system[1]]
     system_part = render(tokenizer, tasks[0].conversation[:1], tasks[0].tools, add_generation_prompt=False)
     assert examples[0].input_ids[: system[0]] == system_part
-    width = max(len(e.input_ids) for e in examples)
-    ids = torch.full((len(examples), width), tokenizer.pad_token_id)
-    labels = torch.full((len(examples), width), -100)
-    attention = torch.zeros((len(examples), width), dtype=torch.long)
-    for row, e in enumerate(examples):
-        n = len(e.input_ids)
-        ids[row, :n], attention[row, :n] = torch.tensor(e.input_ids), 1
-        labels[row, :n] = torch.where(torch.tensor(e.loss_mask, dtype=torch.bool), ids[row, :n], -100)
+    ids, attention, labels, lengths = collate(examples, tokenizer.pad_token_id)
+    assert torch.equal(lengths, system)
     assert (labels[:, :20] == -100).all()  # the prompt is context: there is something to skip
 
     def gradient(loss):
