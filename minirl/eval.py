@@ -4,7 +4,7 @@ python -m minirl.eval model.name_or_path=outputs/.../checkpoint       # in-proce
 python -m minirl.eval eval.samples=8 eval.temperature=1.0 eval.max_tasks=32   # avg@8 and pass@8
 python -m minirl.eval eval.backend=openai eval.base_url=http://127.0.0.1:8000/v1   # any compatible server
 python -m minirl.eval data=jsonl data.path=tasks.jsonl data.heldout_path=heldout.jsonl
-python -m minirl.eval --compare A.json B.json [--markdown]           # two reports side by side
+python -m minirl.eval --compare A.json B.json [--markdown]           # two reports side by side, tasks paired
 
 The report goes to the console and to eval.output (default eval.json in the run directory).
 """

@@ -7,11 +7,13 @@ fails the third task, which it never saw.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from statistics import fmean
 
 import pytest
 from conftest import CALC_TOOL, CONVERSATION, GREETING
@@ -20,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from minirl.config import Config, register_configs, to_config
 from minirl.data.jsonl import write_jsonl
 from minirl.entry import CONF_DIR
+from minirl.evaluation.compare import paired_rows, sign_test_p
 from minirl.evaluation.evaluator import evaluate
 from minirl.evaluation.report import EvalReport, ReportError
 from minirl.protocol.parsing import CallPolicy, TurnKind, parse_message
@@ -240,10 +243,39 @@ def test_compare_prints_both_reports_and_the_difference(greedy, sampled, tmp_pat
     delta = b.metrics["success_rate"] - a.metrics["success_rate"]
     assert rows["success_rate"] == ["0.667", f"{b.metrics['success_rate']:.3f}", f"{delta:+.3f}"]
     assert rows["run/temperature"] == ["0.000", "1.000", "+1.000"] and rows["run/backend"] == ["local", "local", ""]
-    assert set(rows) == set(a.values()) | set(b.values())
+    paired = {"paired/tasks", "paired/tasks_solved_more_often", "paired/sign_test_p"}
+    assert set(rows) == set(a.values()) | set(b.values()) | paired
+    a_rates, b_rates = ([fmean(s) for s in outcomes(report)] for report in (a, b))
+    a_better = sum(x > y for x, y in zip(a_rates, b_rates))
+    b_better = sum(y > x for x, y in zip(a_rates, b_rates))
+    assert rows["paired/tasks"] == ["3", "3", ""]
+    assert rows["paired/tasks_solved_more_often"] == [str(a_better), str(b_better), f"{b_better - a_better:+d}"]
+    assert rows["paired/sign_test_p"] == ["", "", f"{sign_test_p(a_better, b_better):.3f}"]
     assert "tool/calculate_math/calls" in rows and "rollout/finish_invalid" in rows
     table = run_cli("--compare", str(path_a), str(path_b), cwd=tmp_path)
     assert table.returncode == 0 and "B - A" in table.stdout and "pass_at_n" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("wins", "losses", "p"),
+    [(0, 0, 1.0), (5, 5, 1.0), (0, 6, 2 / 64), (9, 2, 2 * (1 + 11 + 55) / 2048), (2, 9, 2 * (1 + 11 + 55) / 2048)],
+)
+def test_sign_test_p_is_the_two_sided_binomial_tail(wins, losses, p):
+    assert sign_test_p(wins, losses) == pytest.approx(p)
+
+
+def test_paired_rows_pair_tasks_by_id_and_prompt_only(greedy):
+    report = greedy[0]
+    flipped = [
+        dataclasses.replace(task, samples=[dataclasses.replace(s, success=not s.success) for s in task.samples])
+        for task in report.tasks
+    ]
+    other = dataclasses.replace(report, tasks=[*flipped[:2], dataclasses.replace(flipped[2], prompt="another")])
+    rows = {key: values for key, *values in paired_rows(report, other)}
+    solved_first_two = sum(task.samples[0].success for task in report.tasks[:2])
+    assert rows["paired/tasks"] == ["2", "2", ""]  # the third task's prompt differs: not the same task
+    assert rows["paired/tasks_solved_more_often"][:2] == [str(solved_first_two), str(2 - solved_first_two)]
+    assert paired_rows(report, dataclasses.replace(report, tasks=[])) == []
 
 
 @pytest.mark.parametrize("content", [None, "[1, 2]"])

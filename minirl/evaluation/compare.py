@@ -1,13 +1,18 @@
 """Two evaluation reports side by side: `python -m minirl.eval --compare A.json B.json [--markdown]`.
 
-One row per run field, metric and per-tool figure of either file, with B - A for numbers; `--markdown`
-prints the same rows as a Markdown table (for the README). A missing or malformed file exits 2 with one line.
+One row per run field, metric and per-tool figure of either file, with B - A for numbers; then, over the
+tasks both reports ran, how many tasks each solves more often than the other and the exact sign test's
+p-value of that split: on 64 tasks a difference of several points can be chance, and the paired count says
+how likely. `--markdown` prints the same rows as a Markdown table (for the README). A missing or malformed
+file exits 2 with one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from statistics import fmean
 
 from rich.console import Console
 from rich.table import Table
@@ -35,6 +40,32 @@ def comparison_rows(a: EvalReport, b: EvalReport) -> list[Row]:
     return rows
 
 
+def sign_test_p(wins: int, losses: int) -> float:
+    """Two-sided exact sign test: the probability, when each of the wins + losses discordant tasks is a fair
+    coin, of a split at least as uneven as this one (McNemar's exact test for one sample per task)."""
+    n = wins + losses
+    tail = sum(math.comb(n, k) for k in range(min(wins, losses) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def paired_rows(a: EvalReport, b: EvalReport) -> list[Row]:
+    """Over the tasks both reports ran (the same id and prompt): the task count, how many tasks each report
+    solves in a larger share of its samples than the other, and the sign test's p-value of that split.
+    No rows when the reports share no task."""
+    rates_a = {(task.id, task.prompt): fmean(s.success for s in task.samples) for task in a.tasks if task.samples}
+    rates_b = {(task.id, task.prompt): fmean(s.success for s in task.samples) for task in b.tasks if task.samples}
+    shared = [key for key in rates_a if key in rates_b]
+    if not shared:
+        return []
+    a_better = sum(rates_a[key] > rates_b[key] for key in shared)
+    b_better = sum(rates_b[key] > rates_a[key] for key in shared)
+    return [
+        ("paired/tasks", str(len(shared)), str(len(shared)), ""),
+        ("paired/tasks_solved_more_often", str(a_better), str(b_better), f"{b_better - a_better:+d}"),
+        ("paired/sign_test_p", "", "", f"{sign_test_p(a_better, b_better):.3f}"),
+    ]
+
+
 def rich_table(rows: list[Row], name_a: str, name_b: str) -> Table:
     table = Table("key", name_a, name_b, "B - A", title="A vs B")
     for row in rows:
@@ -56,10 +87,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     path_a, path_b = args.compare
     try:
-        rows = comparison_rows(EvalReport.load(path_a), EvalReport.load(path_b))
+        report_a, report_b = EvalReport.load(path_a), EvalReport.load(path_b)
     except ReportError as err:
         print(f"compare error: {err}", file=sys.stderr)
         return 2
+    rows = comparison_rows(report_a, report_b) + paired_rows(report_a, report_b)
     if args.markdown:
         print(markdown_table(rows, path_a, path_b))
     else:
