@@ -40,6 +40,7 @@ from minirl.config import Config, LRSchedule, OldLogprobs, Overlong, Resume
 from minirl.data import DATASETS, WARM_START_CORPORA
 from minirl.data.task import Task
 from minirl.decoding import prompt_shared_logits
+from minirl.evaluation.compare import sign_test_p
 from minirl.faults import TrainingError, reported_out_of_memory
 from minirl.inspection import (
     TRAJECTORIES_FILE,
@@ -200,6 +201,7 @@ def mini_batch_plan(n: int, epochs: int, mini_batches: int, generator: torch.Gen
 @dataclass
 class TrainResult:
     eval_history: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out success rate)
+    solved_at_start: list[bool] = field(default_factory=list)  # per held-out task, at the step-0 evaluation
     run_dir: Path = Path(".")
     wall_s: float = 0.0
 
@@ -443,6 +445,7 @@ class Trainer:
             self._log_skipped_rows(tracker)
         else:
             result.eval_history = state["eval_history"]
+            result.solved_at_start = state.get("solved_at_start", [])  # absent from older checkpoints
         for step in range(self.step + 1, cfg.trainer.steps + 1):
             self.step = step
             metrics, trajs = self.train_step()
@@ -459,7 +462,12 @@ class Trainer:
             if step % cfg.trainer.eval_every == 0 or step == cfg.trainer.steps:
                 self._log_eval(step, tracker, result)
             if cfg.trainer.save_every and (step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps):
-                state = {**self.state_dict(), "run_id": tracker.run_id, "eval_history": result.eval_history}
+                state = {
+                    **self.state_dict(),
+                    "run_id": tracker.run_id,
+                    "eval_history": result.eval_history,
+                    "solved_at_start": result.solved_at_start,
+                }
                 save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, state, cfg.trainer.keep_last)
         if cfg.trainer.save_final:
             final = self.run_dir / "checkpoint"
@@ -564,7 +572,19 @@ class Trainer:
         )
 
     def _log_eval(self, step: int, tracker: Tracker, result: TrainResult) -> None:
+        """Held-out metrics; after step 0 also the tasks gained and lost since then and the sign test's p-value
+        of that split (the chance of one as uneven if every changed task were a coin flip)."""
         metrics, trajs = self.evaluate()
+        solved = [self.solved(traj) for traj in trajs]  # trajs in held-out task order
+        change = ""
+        if step == 0:
+            result.solved_at_start = solved
+        elif result.solved_at_start:
+            gained = sum(now and not then for now, then in zip(solved, result.solved_at_start, strict=True))
+            lost = sum(then and not now for now, then in zip(solved, result.solved_at_start, strict=True))
+            p = sign_test_p(gained, lost)
+            metrics.update({"eval/tasks_gained": float(gained), "eval/tasks_lost": float(lost), "eval/sign_test_p": p})
+            change = f"; since step 0: {gained} tasks gained, {lost} lost, sign test p {p:.3f}"
         tracker.log(step, metrics)
         result.eval_history.append((step, metrics["eval/success_rate"]))
         kinds = "  ".join(
@@ -572,7 +592,7 @@ class Trainer:
         )
         self.console.print(
             f"[bold cyan]eval[/] step {step:>4}: held-out success {metrics['eval/success_rate']:.1%} "
-            f"({len(self.heldout)} tasks; {kinds}), reward {metrics['eval/reward/mean']:+.2f}"
+            f"({len(self.heldout)} tasks; {kinds}), reward {metrics['eval/reward/mean']:+.2f}{change}"
         )
         sample = trajs[step // max(1, self.cfg.trainer.eval_every) % len(trajs)]  # a different task each time
         self.console.print(trajectory_panel(trajectory_record(sample, step, 0.0, self.tokenizer, self.solved)))

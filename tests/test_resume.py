@@ -96,7 +96,7 @@ def test_checkpoint_holds_the_policy_and_the_state_of_an_exact_resume(cache_dir,
     newest = latest_checkpoint(tmp_path)
     assert newest.name == "step_000002" and [p.name for p in checkpoints(tmp_path)] == ["step_000002"]
     state = load_trainer_state(newest)
-    assert state["step"] == 2 and state["eval_history"][0][0] == 0
+    assert state["step"] == 2 and state["eval_history"][0][0] == 0 and len(state["solved_at_start"]) == 4
     assert {"optimizer", "scheduler", "rng", "task_rng", "task_queue", "shuffle_rng", "run_id"} <= set(state)
     from transformers import AutoModelForCausalLM
 

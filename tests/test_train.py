@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 from minirl.config import register_configs
 from minirl.data.task import Task
 from minirl.decoding import prompt_shared_logits
+from minirl.evaluation.compare import sign_test_p
 from minirl.metrics import group_metrics
 from minirl.rollout.trajectory import FinishReason, Trajectory
 from minirl.trainer import Trainer, collate, micro_batches, token_logprobs, train
@@ -45,6 +46,12 @@ def test_train_runs_end_to_end_and_logs_every_metric(cache_dir, tmp_path):
     evals = [r for r in rows if "eval/success_rate" in r]
     assert [r["step"] for r in evals] == [0, 1, 2]
     assert all(0.0 <= r["eval/success_rate"] <= 1.0 for r in evals)
+    # after step 0, each evaluation pairs its tasks with step 0's: gained - lost is the change in solved tasks
+    assert "eval/tasks_gained" not in evals[0] and len(result.solved_at_start) == cfg.data.heldout_size
+    for r in evals[1:]:
+        gained, lost = int(r["eval/tasks_gained"]), int(r["eval/tasks_lost"])
+        change = (r["eval/success_rate"] - evals[0]["eval/success_rate"]) * cfg.data.heldout_size
+        assert gained - lost == round(change) and r["eval/sign_test_p"] == sign_test_p(gained, lost)
     steps = [r for r in rows if "reward/mean" in r and "eval/success_rate" not in r]
     assert [r["step"] for r in steps] == [1, 2]
     expected = {
