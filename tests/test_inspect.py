@@ -103,6 +103,8 @@ def run_dir(tmp_path_factory, rollout, cfg):
         tracker.log(step, {"reward/mean": -1 + step * 0.1, "rollout/success_rate": step / 40, "time/step_s": 2.0})
         if step % 10 == 0:
             tracker.log(step, {"eval/success_rate": 0.3 + step / 100, "eval/success_rate/double": step / 50})
+        if step in (10, 20):  # what the trainer logs after step 0's evaluation
+            tracker.log(step, {"eval/tasks_gained": step / 2, "eval/tasks_lost": 1.0, "eval/sign_test_p": 0.039})
     tracker.close()
     solved = SUCCESS_CRITERIA.get(cfg.reward.success)
     for step in (10, 20):
@@ -230,6 +232,7 @@ def test_cli_writes_the_html_report(run_dir, tmp_path):
     page = (run_dir / "report.html").read_text()
     assert page.count("<svg") == 2 and "eval/success_rate" in page and "rollout/success_rate" in page
     assert "30.0% at step 0 -&gt; 50.0% at step 20 (+20.0 points)" in page
+    assert "10 gained, 1 lost at step 20 (sign test p 0.039)" in page
     assert page.count('<section class="traj">') == 6  # every trajectory of step 20, under the limit
     assert '<span class="loss">' in page and '<span class="masked">' in page
     out = tmp_path / "elsewhere.html"

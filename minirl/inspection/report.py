@@ -98,6 +98,17 @@ def _change(rows: Sequence[dict], key: str, percent: bool) -> str:
     return f"{first:+.3f} at step {first_step} -> {last:+.3f} at step {last_step}"
 
 
+def _paired(rows: Sequence[dict]) -> str:
+    """The last evaluation's tasks gained and lost since step 0 and the sign test's p-value; '' if not logged."""
+    last = next((row for row in reversed(rows) if "eval/tasks_gained" in row), None)
+    if last is None:
+        return ""
+    return (
+        f"{last['eval/tasks_gained']:.0f} gained, {last['eval/tasks_lost']:.0f} lost at step {last['step']} "
+        f"(sign test p {last['eval/sign_test_p']:.3f})"
+    )
+
+
 def summary_rows(rows: Sequence[dict], records: Sequence[dict]) -> list[tuple[str, str]]:
     """(what, value) lines of the summary table; metrics a run did not log are left out."""
     train_steps = [row["step"] for row in rows if "reward/mean" in row]
@@ -109,6 +120,7 @@ def summary_rows(rows: Sequence[dict], records: Sequence[dict]) -> list[tuple[st
         ("training steps logged", f"{len(train_steps)} (last step {train_steps[-1]})" if train_steps else ""),
         ("eval success", _change(rows, "eval/success_rate", percent=True)),
         ("best eval success", f"{best:.1%} at step {best_step}" if best is not None else ""),
+        ("eval tasks since step 0", _paired(rows)),
         *[(f"eval success, {key.rsplit('/', 1)[-1]}", _change(rows, key, percent=True)) for key in kinds],
         ("train reward/mean", _change(rows, "reward/mean", percent=False)),
         ("rollout/success_rate", _change(rows, "rollout/success_rate", percent=True)),
