@@ -580,8 +580,8 @@ class Trainer:
         if step == 0:
             result.solved_at_start = solved
         elif result.solved_at_start:
-            gained = sum(now and not then for now, then in zip(solved, result.solved_at_start, strict=True))
-            lost = sum(then and not now for now, then in zip(solved, result.solved_at_start, strict=True))
+            pairs = list(zip(solved, result.solved_at_start, strict=True))  # (now, at step 0) per task
+            gained, lost = sum(now > then for now, then in pairs), sum(then > now for now, then in pairs)
             p = sign_test_p(gained, lost)
             metrics.update({"eval/tasks_gained": float(gained), "eval/tasks_lost": float(lost), "eval/sign_test_p": p})
             change = f"; since step 0: {gained} tasks gained, {lost} lost, sign test p {p:.3f}"
