@@ -233,6 +233,8 @@ def test_cli_writes_the_html_report(run_dir, tmp_path):
     assert page.count("<svg") == 2 and "eval/success_rate" in page and "rollout/success_rate" in page
     assert "30.0% at step 0 -&gt; 50.0% at step 20 (+20.0 points)" in page
     assert "10 gained, 1 lost at step 20 (sign test p 0.039)" in page
+    # per-step metrics: the means of the first and the last fifth of the 21 logged steps
+    assert "-0.850 over steps 0-3 -&gt; +0.850 over steps 17-20" in page
     assert page.count('<section class="traj">') == 6  # every trajectory of step 20, under the limit
     assert '<span class="loss">' in page and '<span class="masked">' in page
     out = tmp_path / "elsewhere.html"

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
+from statistics import fmean
 
 from minirl.inspection.files import METRICS_FILE, TRAJECTORIES_FILE, read_metrics, read_trajectories, select_records
 from minirl.inspection.plots import Series, line_plot
@@ -85,17 +86,35 @@ def curves_html(rows: Sequence[dict]) -> str:
     return "".join(f'<div class="plot">{svg}</div>' for svg in (reward, success))
 
 
+def _from_to(first: float, first_where: str, last: float, last_where: str, percent: bool) -> str:
+    if percent:
+        return f"{first:.1%} {first_where} -> {last:.1%} {last_where} ({(last - first) * 100:+.1f} points)"
+    return f"{first:+.3f} {first_where} -> {last:+.3f} {last_where}"
+
+
 def _change(rows: Sequence[dict], key: str, percent: bool) -> str:
     """`30.0% at step 0 -> 39.1% at step 60 (+9.1 points)`, over the rows that have `key`."""
     points = _curve(rows, key)
     if not points:
         return ""
     (first_step, first), (last_step, last) = points[0], points[-1]
-    if percent:
-        return (
-            f"{first:.1%} at step {first_step} -> {last:.1%} at step {last_step} ({(last - first) * 100:+.1f} points)"
-        )
-    return f"{first:+.3f} at step {first_step} -> {last:+.3f} at step {last_step}"
+    return _from_to(first, f"at step {first_step}", last, f"at step {last_step}", percent)
+
+
+def _trend(rows: Sequence[dict], key: str, percent: bool) -> str:
+    """For a metric logged every step, and so noisy from step to step: its mean over the first fifth of the
+    logged steps -> its mean over the last fifth (at least one step each), e.g.
+    `25.3% over steps 1-10 -> 29.8% over steps 41-50 (+4.5 points)`."""
+    points = _curve(rows, key)
+    if not points:
+        return ""
+    width = max(1, len(points) // 5)
+    head, tail = points[:width], points[-width:]
+
+    def span(part: list[tuple[float, float]]) -> str:
+        return f"over steps {part[0][0]}-{part[-1][0]}" if len(part) > 1 else f"at step {part[0][0]}"
+
+    return _from_to(fmean(v for _, v in head), span(head), fmean(v for _, v in tail), span(tail), percent)
 
 
 def _paired(rows: Sequence[dict]) -> str:
@@ -122,8 +141,8 @@ def summary_rows(rows: Sequence[dict], records: Sequence[dict]) -> list[tuple[st
         ("best eval success", f"{best:.1%} at step {best_step}" if best is not None else ""),
         ("eval tasks since step 0", _paired(rows)),
         *[(f"eval success, {key.rsplit('/', 1)[-1]}", _change(rows, key, percent=True)) for key in kinds],
-        ("train reward/mean", _change(rows, "reward/mean", percent=False)),
-        ("rollout/success_rate", _change(rows, "rollout/success_rate", percent=True)),
+        ("train reward/mean", _trend(rows, "reward/mean", percent=False)),
+        ("rollout/success_rate", _trend(rows, "rollout/success_rate", percent=True)),
         ("training time", f"{sum(t for _, t in step_times) / 60:.1f} min" if step_times else ""),
         ("trajectories recorded", f"{len(records)} at steps {', '.join(map(str, recorded))}" if records else "none"),
     ]
