@@ -9,6 +9,7 @@ composed config once with `OmegaConf.to_object`; below that, code gets typed dat
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Dict, List, Optional
@@ -337,7 +338,7 @@ class TrainerConfig:
     # the same seed and thread count give the same run, bit for bit (torch.use_deterministic_algorithms);
     # false lets a few kernels (e.g. accumulating index writes) run in parallel in a varying order
     deterministic: bool = True
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    device: str = "auto"  # auto | cpu | mps | cuda | cuda:N
 
     def __post_init__(self) -> None:
         for key in ("steps", "prompts_per_step", "ppo_epochs", "mini_batches", "micro_batch_size", "eval_every"):
@@ -349,6 +350,11 @@ class TrainerConfig:
             _check(getattr(self, key) >= 0, f"trainer.{key}", "must be >= 0")
         _check(self.keep_last >= 1, "trainer.keep_last", "must be >= 1")
         _check(self.max_bad_steps >= 1, "trainer.max_bad_steps", "must be >= 1")
+        _check(
+            re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None,
+            "trainer.device",
+            f"must be auto, cpu, mps, cuda or cuda:N, got {self.device!r}",
+        )
 
 
 class WandbMode(str, Enum):

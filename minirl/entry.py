@@ -10,9 +10,14 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 
 from minirl.config import Config, register_configs, to_config
+from minirl.data.task import DataError
 from minirl.registry import ConfigError
+
+# errors in what the user gave (config values, dataset files): one line and exit status 2, no traceback
+USER_ERRORS = {ConfigError: "config error", DataError: "data error"}
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -43,8 +48,9 @@ def run_entry(dict_cfg: DictConfig, job: Callable[[Config, Console], object]) ->
         cfg = to_config(dict_cfg)
         cfg.output_dir = HydraConfig.get().runtime.output_dir
         job(cfg, console)
-    except ConfigError as err:
-        console.print(f"[bold red]config error:[/] {err}", highlight=False, soft_wrap=True)  # one line, any width
+    except tuple(USER_ERRORS) as err:
+        label = USER_ERRORS[type(err)]
+        console.print(f"[bold red]{label}:[/] {escape(str(err))}", highlight=False, soft_wrap=True)  # one line
         sys.exit(2)
 
 

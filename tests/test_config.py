@@ -3,10 +3,13 @@ directions, and bad values fail at start-up with a message naming the key."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import subprocess
 import sys
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -172,7 +175,7 @@ def test_unknown_group_option_is_one_line_with_the_options():
     check_group_choices(["loss=cispo", "-m", "loss=grpo,cispo", "rollout.max_turns=4", "experiment=null"])
 
 
-@pytest.mark.parametrize("override", ["rollout.max_turns=0", "loss=nope", "protocol=nope"])
+@pytest.mark.parametrize("override", ["rollout.max_turns=0", "loss=nope", "protocol=nope", "trainer.device=nope"])
 def test_cli_rejects_bad_config_with_one_line(override, tmp_path):
     cmd = [sys.executable, "-m", "minirl.train", override]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
@@ -180,6 +183,34 @@ def test_cli_rejects_bad_config_with_one_line(override, tmp_path):
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(lines) == 1, lines
     assert override.split("=")[0] in lines[0] and ("known:" in lines[0] or "must be" in lines[0])
+
+
+def _run_time_error_cases() -> list:
+    cases = [
+        ("data=jsonl data.path=missing.jsonl", "data error: missing.jsonl: cannot read it (No such file or directory)"),
+        ("data=jsonl data.path=bad.jsonl", "data error: bad.jsonl:1: not valid JSON"),
+        ("model.name_or_path=./no_such_checkpoint", "config error: model.name_or_path: no checkpoint directory"),
+    ]
+    if not torch.cuda.is_available():
+        cases.append(("trainer.device=cuda", "config error: trainer.device=cuda: no cuda device here"))
+    if importlib.util.find_spec("vllm") is None:  # the install hint's brackets must survive the console's markup
+        cases.append(("rollout=vllm", 'config error: rollout=vllm needs vLLM: pip install -e ".[vllm]"'))
+    return cases
+
+
+@pytest.mark.parametrize(("overrides", "message"), _run_time_error_cases())
+def test_cli_reports_bad_files_and_unusable_settings_in_one_line(overrides, message, tool_model_dir, tmp_path):
+    """Errors found after the config is valid (a dataset file, a checkpoint, a device, an engine's package):
+    one line naming the problem, exit status 2, no traceback."""
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    model = [] if "model.name_or_path" in overrides else [f"model.name_or_path={tool_model_dir}"]
+    cmd = [sys.executable, "-m", "minirl.train", *overrides.split(), *model, "logger=none", f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**os.environ, "COLUMNS": "80"}
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), lines
 
 
 def test_cfg_job_prints_the_composed_config(tmp_path):

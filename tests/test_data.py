@@ -339,6 +339,13 @@ def test_jsonl_round_trip(tmp_path):
     assert load_jsonl(path, MAX_ROW_BYTES) == [task_from_row(row, "x") for row in rows]
 
 
+def test_a_missing_or_unreadable_file_is_a_data_error_naming_it(tmp_path):
+    with pytest.raises(DataError, match=f"^{re.escape(str(tmp_path / 'none.jsonl'))}: cannot read it \\(No such file"):
+        load_jsonl(tmp_path / "none.jsonl", MAX_ROW_BYTES)
+    with pytest.raises(DataError, match=f"^{re.escape(str(tmp_path))}: cannot read it \\(Is a directory"):
+        load_jsonl(tmp_path, MAX_ROW_BYTES)
+
+
 @pytest.mark.parametrize("name", sorted(BAD_LINES))
 def test_a_bad_line_is_named_by_file_and_line_in_both_modes(tmp_path, name):
     line, fragment = BAD_LINES[name]

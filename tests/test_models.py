@@ -10,9 +10,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minirl.config import Config, TinyModelConfig
 from minirl.data.synthetic_tools import sft_rows
 from minirl.data.task import task_from_row
-from minirl.models.loading import load_model, load_tokenizer, resolve_device
+from minirl.models.loading import choose_cuda_attention, load_model, load_tokenizer, resolve_device
 from minirl.models.tiny import build_model, build_tokenizer, render_texts
 from minirl.protocol.chat import render
+from minirl.registry import ConfigError
 from minirl.sft import assistant_token_loss, collate, tokenize_conversation
 
 SMALL = TinyModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
@@ -134,9 +135,15 @@ def test_a_cuda_device_picks_attention_kernels_and_a_cpu_device_leaves_them(
     attention_switches, deterministic, expected
 ):
     # the CPU attention kernels read the same switches, so a CPU run must not flip them (its numerics would change);
-    # naming a CUDA device touches no GPU, so this runs anywhere
+    # choosing the CUDA kernels touches no GPU, so this runs anywhere
     before = attention_switches()
     assert resolve_device("cpu", deterministic) == torch.device("cpu")
     assert attention_switches() == before
-    assert resolve_device("cuda:0", deterministic) == torch.device("cuda:0")
+    if torch.cuda.is_available():
+        assert resolve_device("cuda:0", deterministic) == torch.device("cuda:0")
+    else:
+        with pytest.raises(ConfigError, match=r"^trainer.device=cuda:0: no cuda device here"):
+            resolve_device("cuda:0", deterministic)
+        assert attention_switches() == before
+        choose_cuda_attention(deterministic)  # what resolve_device does for a CUDA device
     assert attention_switches() == expected

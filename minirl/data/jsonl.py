@@ -59,19 +59,23 @@ def _task(line: bytes | None, size: int, max_bytes: int, where: str) -> Task:
 def load_jsonl(path: str | os.PathLike, max_row_bytes: int, skipped: list[str] | None = None) -> list[Task]:
     """Every task of the file; blank lines are passed over. A bad line raises DataError naming
     `path:lineno`, or, given a `skipped` list, is appended to it as `path:lineno: reason` while
-    every good line is kept. A file without a single task raises DataError either way."""
+    every good line is kept. A file without a single task, or one that cannot be read, raises DataError
+    either way."""
     tasks: list[Task] = []
     bad: list[str] = []
-    with open(path, "rb") as stream:
-        for lineno, line, size in _lines(stream, max_row_bytes):
-            if line is not None and not line.strip():
-                continue
-            try:
-                tasks.append(_task(line, size, max_row_bytes, f"{path}:{lineno}"))
-            except DataError as err:
-                if skipped is None:
-                    raise
-                bad.append(str(err))
+    try:
+        with open(path, "rb") as stream:
+            for lineno, line, size in _lines(stream, max_row_bytes):
+                if line is not None and not line.strip():
+                    continue
+                try:
+                    tasks.append(_task(line, size, max_row_bytes, f"{path}:{lineno}"))
+                except DataError as err:
+                    if skipped is None:
+                        raise
+                    bad.append(str(err))
+    except OSError as err:  # missing, a directory, unreadable
+        raise DataError(f"{path}: cannot read it ({err.strerror})") from None
     if not tasks:
         why = f"all {len(bad)} rows are malformed; the first: {bad[0]}" if bad else "no rows"
         raise DataError(f"{path}: {why}")

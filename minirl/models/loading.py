@@ -6,10 +6,13 @@ warm-starting it when missing); from there on it is loaded exactly like any othe
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirl.config import Config
+from minirl.registry import ConfigError
 
 
 def resolve_device(name: str, deterministic: bool = False) -> torch.device:
@@ -18,6 +21,11 @@ def resolve_device(name: str, deterministic: bool = False) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
+    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
+    if device.type in available and not available[device.type]():
+        raise ConfigError(
+            f"trainer.device={name}: no {device.type} device here (torch {torch.__version__}); use auto or cpu"
+        )
     if device.type == "cuda":
         choose_cuda_attention(deterministic)
     return device
@@ -41,16 +49,31 @@ def resolve_model_path(cfg: Config, console, warm_start: bool = True) -> str:
     return str(ensure_tiny(cfg, console, warm=cfg.model.warm_start and warm_start))
 
 
+def _from_pretrained(auto_class, path: str, **kwargs):
+    """`auto_class.from_pretrained(path)`; a checkpoint that is neither a local directory nor on the hub (or
+    the hub is out of reach) is a ConfigError naming model.name_or_path, with the first line of the reason."""
+    if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().is_dir():
+        raise ConfigError(f"model.name_or_path: no checkpoint directory '{path}'")
+    try:
+        return auto_class.from_pretrained(path, **kwargs)
+    except OSError as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            f"model.name_or_path: cannot load '{path}' (a hub id or a checkpoint directory): {reason}"
+        ) from err
+
+
 def load_model(path: str, cfg: Config, device: torch.device, trainable: bool = True):
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=getattr(torch, cfg.model.dtype.value), trust_remote_code=cfg.model.trust_remote_code
-    ).to(device)
+    dtype = getattr(torch, cfg.model.dtype.value)
+    model = _from_pretrained(AutoModelForCausalLM, path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code).to(
+        device
+    )
     model.requires_grad_(trainable)
     return model.train(trainable)
 
 
 def load_tokenizer(path: str, cfg: Config):
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    tokenizer = _from_pretrained(AutoTokenizer, path, trust_remote_code=cfg.model.trust_remote_code)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
