@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import CALC_TOOL, CONVERSATION
+from conftest import CALC_TOOL, CONVERSATION, debug_config
+from rich.console import Console
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirl.config import Config, TinyModelConfig
 from minirl.data.synthetic_tools import sft_rows
 from minirl.data.task import task_from_row
+from minirl.models.bootstrap import ensure_tiny
 from minirl.models.loading import choose_cuda_attention, load_model, load_tokenizer, resolve_device
 from minirl.models.tiny import build_model, build_tokenizer, render_texts
 from minirl.protocol.chat import render
@@ -147,3 +150,26 @@ def test_a_cuda_device_picks_attention_kernels_and_a_cpu_device_leaves_them(
         assert attention_switches() == before
         choose_cuda_attention(deterministic)  # what resolve_device does for a CUDA device
     assert attention_switches() == expected
+
+
+@pytest.fixture
+def nondeterministic_torch():
+    """torch's deterministic mode off for the test (a training test may have left it on), restored after."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def test_the_cached_warm_start_is_float32_whatever_model_dtype_asks(tmp_path, nondeterministic_torch):
+    """model.dtype is not in the cache key, so the warm start must not depend on it: a bfloat16 policy's first run
+    builds the same float32 checkpoint as a float32 run's. The two builds run in one process, one after the other,
+    with torch's deterministic mode off outside them: the build must be deterministic by itself, whoever calls it."""
+    built = {}
+    for dtype in ("bfloat16", "float32"):
+        cfg = debug_config(tmp_path / dtype, tmp_path / f"run-{dtype}", f"model.dtype={dtype}")
+        built[dtype] = load_file(ensure_tiny(cfg, Console(quiet=True), warm=True) / "model.safetensors")
+        assert not torch.are_deterministic_algorithms_enabled()  # the caller's setting is back
+    assert built["bfloat16"].keys() == built["float32"].keys()
+    for name, tensor in built["bfloat16"].items():
+        assert tensor.dtype == torch.float32 and torch.equal(tensor, built["float32"][name]), name

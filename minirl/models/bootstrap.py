@@ -16,12 +16,13 @@ import json
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
 from rich.progress import Progress, TextColumn
 
-from minirl.config import Config
+from minirl.config import Config, DType
 from minirl.data import WARM_START_CORPORA
 
 # files whose source decides what the built model is, besides those of the warm-start corpus
@@ -93,7 +94,9 @@ def _warm_start(cfg: Config, base: Path, target: Path, console) -> None:
     from minirl.sft import sft_examples, train_sft
 
     device = resolve_device(cfg.trainer.device, cfg.trainer.deterministic)
-    model, tokenizer = load_model(str(base), cfg, device), load_tokenizer(str(base), cfg)
+    # one recipe whatever model.dtype the policy runs in later (the cache key leaves the dtype out): float32
+    fp32 = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=DType.float32))
+    model, tokenizer = load_model(str(base), fp32, device), load_tokenizer(str(base), cfg)
     examples = sft_examples(tokenizer, cfg)
     console.print(
         f"[bold]warm start[/]: no cached SFT checkpoint; training on {len(examples)} {cfg.sft.corpus} conversations "
@@ -107,16 +110,29 @@ def _warm_start(cfg: Config, base: Path, target: Path, console) -> None:
     _save_atomically(target, model, tokenizer)
 
 
+@contextmanager
+def _deterministic_algorithms(enabled: bool):
+    """torch.use_deterministic_algorithms(enabled) inside, the caller's setting after: a build's float sums
+    then run in a fixed order whichever command (train, sft, eval, serve) builds the cached model."""
+    import torch
+
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(enabled, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 def ensure_tiny(cfg: Config, console, warm: bool) -> Path:
     """Directory of the tiny model: the warm-started one if `warm`, else the untrained base."""
     root = Path(cfg.model.cache_dir).expanduser() / f"tiny-{cache_key(cfg)}"
     root.mkdir(parents=True, exist_ok=True)
     base, sft = root / "base", root / "sft"
-    if not (base / "config.json").exists():
-        console.print(f"building the embedded tiny model in {root}")
-        _build_base(cfg, base, console)
-    if not warm:
-        return base
-    if not (sft / "config.json").exists():
-        _warm_start(cfg, base, sft, console)
-    return sft
+    with _deterministic_algorithms(cfg.trainer.deterministic):
+        if not (base / "config.json").exists():
+            console.print(f"building the embedded tiny model in {root}")
+            _build_base(cfg, base, console)
+        if warm and not (sft / "config.json").exists():
+            _warm_start(cfg, base, sft, console)
+    return sft if warm else base
