@@ -166,7 +166,9 @@ def main(dict_cfg: DictConfig) -> None:
 
 def _run_sft(cfg: Config, console) -> None:
     from minirl.models.loading import load_model_and_tokenizer, resolve_device
+    from minirl.trainer import seed_everything
 
+    seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)  # on the tiny model: the cached warm start exactly
     device = resolve_device(cfg.trainer.device, cfg.trainer.deterministic)
     model, tokenizer = load_model_and_tokenizer(cfg, console, device, warm_start=False)
     examples = sft_examples(tokenizer, cfg)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import CALC_TOOL, CONVERSATION, debug_config
@@ -173,3 +176,22 @@ def test_the_cached_warm_start_is_float32_whatever_model_dtype_asks(tmp_path, no
     assert built["bfloat16"].keys() == built["float32"].keys()
     for name, tensor in built["bfloat16"].items():
         assert tensor.dtype == torch.float32 and torch.equal(tensor, built["float32"][name]), name
+
+
+def test_the_sft_command_reproduces_the_cached_warm_start(tmp_path):
+    """`python -m minirl.sft` on the tiny model: SFT of the cached base, saved to the run directory, equal bit for
+    bit to the warm start `python -m minirl.train` builds and caches (the same recipe, whichever command runs it)."""
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    cmd = [sys.executable, "-m", "minirl.sft", "debug=cpu", f"model.cache_dir={cache}", f"hydra.run.dir={run}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "final SFT loss" in proc.stdout and not list(cache.glob("tiny-*/sft"))  # only the base was built
+    trained = load_file(run / "checkpoint" / "model.safetensors")
+    cached = load_file(
+        ensure_tiny(debug_config(cache, tmp_path / "train"), Console(quiet=True), warm=True) / "model.safetensors"
+    )
+    assert trained.keys() == cached.keys()
+    for name, tensor in trained.items():
+        assert torch.equal(tensor, cached[name]), name
+    tokenizer = AutoTokenizer.from_pretrained(run / "checkpoint")  # loads back by path like any checkpoint
+    assert tokenizer.convert_tokens_to_ids("<tool_call>") != tokenizer.unk_token_id
