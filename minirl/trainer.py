@@ -57,7 +57,7 @@ from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import ENGINES, SamplingParams, build_engine
 from minirl.rollout.trajectory import Trajectory
 from minirl.sampling import warped
-from minirl.tools import TOOLS, ToolExecutor, import_tool_modules
+from minirl.tools import TOOLS, ToolExecutor, check_offered_tools, import_tool_modules
 from minirl.tracking import BACKENDS, Tracker
 
 
@@ -215,6 +215,9 @@ class Trainer:
         self.device = resolve_device(cfg.trainer.device, cfg.trainer.deterministic)
         dataset = DATASETS.get(cfg.data.name)(cfg.data)
         self.train_tasks, self.heldout, self.skipped_rows = dataset.train, dataset.heldout, dataset.skipped
+        check_offered_tools(
+            (schema for task in [*self.train_tasks, *self.heldout] for schema in task.tools), cfg.tools.names
+        )
         path = resolve_model_path(cfg, self.console)
         self.tokenizer = load_tokenizer(path, cfg)
         self.policy = load_model(path, cfg, self.device)

@@ -190,6 +190,7 @@ def _run_time_error_cases() -> list:
         ("data=jsonl data.path=missing.jsonl", "data error: missing.jsonl: cannot read it (No such file or directory)"),
         ("data=jsonl data.path=bad.jsonl", "data error: bad.jsonl:1: not valid JSON"),
         ("model.name_or_path=./no_such_checkpoint", "config error: model.name_or_path: no checkpoint directory"),
+        ("tools=code", "config error: tools.names: the tasks offer calculate_math, get_current_time, "),
     ]
     if not torch.cuda.is_available():
         cases.append(("trainer.device=cuda", "config error: trainer.device=cuda: no cuda device here"))

@@ -18,6 +18,7 @@ from minirl.tools import (
     ToolExecutor,
     ToolResult,
     build_tools,
+    check_offered_tools,
     validate_arguments,
 )
 
@@ -301,3 +302,11 @@ def test_executor_never_raises_on_hostile_arguments(executor, name, arguments):
     result = executor.execute(ToolCall("c", name, arguments))
     assert result.status in ("ok", "unknown_tool", "bad_arguments", "error")
     assert len(result.content) <= executor.max_output_chars
+
+
+def test_tools_the_tasks_offer_must_be_tools_the_executor_runs():
+    offered = [tool.schema() for tool in build_tools(["calculate_math", "unit_converter"]).values()]
+    check_offered_tools(offered, ["unit_converter", "calculate_math", "translate_text"])  # more is fine
+    check_offered_tools([], [])
+    with pytest.raises(ConfigError, match=r"^tools.names: the tasks offer unit_converter, which tools.names "):
+        check_offered_tools(offered, ["calculate_math"])

@@ -18,6 +18,7 @@ from minirl.data import DATASETS
 from minirl.evaluation.backends import EVAL_BACKENDS
 from minirl.evaluation.report import EvalReport, RunInfo, build_report, print_report
 from minirl.rewards import SUCCESS_CRITERIA, score_all
+from minirl.tools import check_offered_tools
 from minirl.trainer import check_names
 
 
@@ -29,6 +30,7 @@ def evaluate(cfg: Config, console: Console | None = None) -> EvalReport:
     check_names(cfg)
     solved = SUCCESS_CRITERIA.get(cfg.reward.success)
     tasks = DATASETS.get(cfg.data.name)(cfg.data).heldout[: cfg.eval.max_tasks]
+    check_offered_tools((schema for task in tasks for schema in task.tools), cfg.tools.names)
     backend = make_backend(cfg, console)
     console.print(f"evaluating {backend.model} ({cfg.eval.backend}) on {len(tasks)} tasks x {cfg.eval.samples}")
     started = time.perf_counter()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from minirl.protocol.parsing import ToolCall
-from minirl.registry import Registry
+from minirl.registry import ConfigError, Registry
 
 if TYPE_CHECKING:
     from minirl.config import ToolsConfig
@@ -64,6 +64,18 @@ def build_tools(names: Iterable[str], cfg: ToolsConfig | None = None) -> dict[st
     tools config (None: its own defaults). Unknown names raise ConfigError."""
     classes = {name: TOOLS.get(name) for name in names}
     return {name: cls(cfg) if "cfg" in inspect.signature(cls).parameters else cls() for name, cls in classes.items()}
+
+
+def check_offered_tools(offered: Iterable[dict], names: Collection[str]) -> None:
+    """`offered`: the function schemas the tasks show the model; `names`: the tools the executor runs
+    (tools.names). A tool shown but not run would fail every call as unknown, so it is a ConfigError naming
+    both lists, raised before any model loads."""
+    missing = sorted({schema["function"]["name"] for schema in offered} - set(names))
+    if missing:
+        raise ConfigError(
+            f"tools.names: the tasks offer {', '.join(missing)}, which tools.names ({', '.join(names)}) does not "
+            "run; add them to tools.names or pick the tools group that matches the data"
+        )
 
 
 # -- argument validation ------------------------------------------------------------------------
