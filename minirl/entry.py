@@ -49,7 +49,7 @@ def run_entry(dict_cfg: DictConfig, job: Callable[[Config, Console], object]) ->
         cfg.output_dir = HydraConfig.get().runtime.output_dir
         job(cfg, console)
     except tuple(USER_ERRORS) as err:
-        label = USER_ERRORS[type(err)]
+        label = next(label for kind, label in USER_ERRORS.items() if isinstance(err, kind))
         console.print(f"[bold red]{label}:[/] {escape(str(err))}", highlight=False, soft_wrap=True)  # one line
         sys.exit(2)
 
