@@ -57,7 +57,8 @@ from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import ENGINES, SamplingParams, build_engine
 from minirl.rollout.trajectory import Trajectory
 from minirl.sampling import warped
-from minirl.tools import TOOLS, ToolExecutor, check_offered_tools, import_tool_modules
+from minirl.tools import TOOLS, ToolExecutor, import_tool_modules
+from minirl.tools.base import check_offered_tools
 from minirl.tracking import BACKENDS, Tracker
 
 

@@ -18,9 +18,9 @@ from minirl.tools import (
     ToolExecutor,
     ToolResult,
     build_tools,
-    check_offered_tools,
     validate_arguments,
 )
+from minirl.tools.base import check_offered_tools
 
 SCHEMA = {
     "type": "object",

@@ -18,7 +18,7 @@ from minirl.data import DATASETS
 from minirl.evaluation.backends import EVAL_BACKENDS
 from minirl.evaluation.report import EvalReport, RunInfo, build_report, print_report
 from minirl.rewards import SUCCESS_CRITERIA, score_all
-from minirl.tools import check_offered_tools
+from minirl.tools.base import check_offered_tools
 from minirl.trainer import check_names
 
 

@@ -2,16 +2,7 @@
 sandboxed `code_interpreter`, and `@tool` registers a plain function as one more."""
 
 from minirl.tools import code_interpreter, minimind
-from minirl.tools.base import (
-    TOOLS,
-    Tool,
-    ToolError,
-    ToolExecutor,
-    ToolResult,
-    build_tools,
-    check_offered_tools,
-    validate_arguments,
-)
+from minirl.tools.base import TOOLS, Tool, ToolError, ToolExecutor, ToolResult, build_tools, validate_arguments
 from minirl.tools.function_tool import import_tool_modules, tool
 from minirl.tools.minimind import MINIMIND_TOOL_NAMES
 
@@ -23,7 +14,6 @@ __all__ = [
     "ToolExecutor",
     "ToolResult",
     "build_tools",
-    "check_offered_tools",
     "code_interpreter",
     "import_tool_modules",
     "minimind",
