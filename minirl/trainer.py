@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from minirl.algos.advantages import ADV_ESTIMATORS
+from minirl.algos.advantages import ADV_ESTIMATORS, GROUP_BASELINE
 from minirl.algos.dapo import overlong_penalty, tied_groups, tokens_to_limit, truncated
 from minirl.algos.kl import KL_ESTIMATORS, sequence_kl
 from minirl.algos.losses import LOSSES, micro_batch_share
@@ -52,6 +52,7 @@ from minirl.inspection import (
 from minirl.metrics import advantage_metrics, group_metrics, heldout_metrics, rollout_metrics
 from minirl.models.loading import load_model, load_tokenizer, resolve_device, resolve_model_path
 from minirl.protocol.formats import CALL_FORMATS
+from minirl.registry import ConfigError
 from minirl.rewards import SUCCESS_CRITERIA, check_weights, score_all
 from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import ENGINES, SamplingParams, build_engine
@@ -73,6 +74,11 @@ def check_names(cfg: Config) -> None:
     KL_ESTIMATORS.get(cfg.loss.kl_estimator)
     KL_ESTIMATORS.get(cfg.algo.kl_estimator)
     ADV_ESTIMATORS.get(cfg.algo.adv_estimator)
+    if cfg.algo.adv_estimator in GROUP_BASELINE and cfg.rollout.group_size < 2:
+        raise ConfigError(
+            f"rollout.group_size: algo.adv_estimator={cfg.algo.adv_estimator} compares each sample with the rest of "
+            "its group, so a group of 1 never learns; use >= 2 or algo.adv_estimator=reinforce_plus_plus"
+        )
     ENGINES.get(cfg.rollout.engine)
     DATASETS.get(cfg.data.name)
     WARM_START_CORPORA.get(cfg.sft.corpus)

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minirl.algos.advantages import ADV_ESTIMATORS, grpo_advantages
+from minirl.algos.advantages import ADV_ESTIMATORS, GROUP_BASELINE, grpo_advantages
 from minirl.algos.kl import KL_ESTIMATORS, sequence_kl
 from minirl.algos.losses import AGGREGATIONS, LOSSES, LossOut, aggregate
 from minirl.registry import ConfigError
@@ -444,3 +444,10 @@ def test_loss_registry():
     assert AGGREGATIONS.names() == ["seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"]
     with pytest.raises(ConfigError, match="unknown loss 'ppo'; known: cispo, grpo, gspo"):
         LOSSES.get("ppo")
+
+
+@pytest.mark.parametrize("name", ADV_ESTIMATORS.names())
+def test_group_baseline_names_exactly_the_estimators_that_give_a_group_of_one_nothing(name):
+    rewards = torch.tensor([0.0, 1.0, 0.5, 0.2])  # four groups of one, all different
+    silent = torch.equal(ADV_ESTIMATORS.get(name)(rewards, 1, 1e-6), torch.zeros(4))
+    assert silent == (name in GROUP_BASELINE)

@@ -169,6 +169,13 @@ def test_unknown_registry_names_list_the_known_ones():
         check_names(compose_cfg("sft.corpus=nope"))
 
 
+def test_a_group_of_one_is_refused_where_the_baseline_is_the_group():
+    with pytest.raises(ConfigError, match=r"^rollout.group_size: algo.adv_estimator=grpo compares each sample"):
+        check_names(compose_cfg("rollout.group_size=1"))
+    check_names(compose_cfg("rollout.group_size=1", "algo.adv_estimator=reinforce_plus_plus"))
+    check_names(compose_cfg("rollout.group_size=2"))
+
+
 def test_unknown_group_option_is_one_line_with_the_options():
     with pytest.raises(ConfigError, match=r"unknown loss 'nope'; known: cispo, dapo, dr_grpo, grpo, gspo"):
         check_group_choices(["loss=nope"])

@@ -20,6 +20,8 @@ from minirl.registry import Registry
 
 AdvEstimator = Callable[[Tensor, int, float], Tensor]
 ADV_ESTIMATORS: Registry[AdvEstimator] = Registry("advantage estimator")
+# estimators whose baseline comes from the sample's own group: a group of one sample always gets advantage 0
+GROUP_BASELINE = frozenset({"grpo", "dr_grpo", "rloo"})
 
 
 def _groups(rewards: Tensor, group_size: int) -> Tensor:
