@@ -40,7 +40,7 @@ from minirl.config import Config, LRSchedule, OldLogprobs, Overlong, Resume
 from minirl.data import DATASETS, WARM_START_CORPORA
 from minirl.data.task import Task
 from minirl.decoding import prompt_shared_logits
-from minirl.evaluation.compare import sign_test_p
+from minirl.evaluation.compare import paired_split, sign_test_p
 from minirl.faults import TrainingError, reported_out_of_memory
 from minirl.inspection import (
     TRAJECTORIES_FILE,
@@ -590,8 +590,7 @@ class Trainer:
         if step == 0:
             result.solved_at_start = solved
         elif result.solved_at_start:
-            pairs = list(zip(solved, result.solved_at_start, strict=True))  # (now, at step 0) per task
-            gained, lost = sum(now > then for now, then in pairs), sum(then > now for now, then in pairs)
+            gained, lost = paired_split(result.solved_at_start, solved)
             p = sign_test_p(gained, lost)
             metrics.update({"eval/tasks_gained": float(gained), "eval/tasks_lost": float(lost), "eval/sign_test_p": p})
             change = f"; since step 0: {gained} tasks gained, {lost} lost, sign test p {p:.3f}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 from statistics import fmean
 
 from rich.console import Console
@@ -48,17 +49,26 @@ def sign_test_p(wins: int, losses: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def paired_split(before: Sequence[float], after: Sequence[float]) -> tuple[int, int]:
+    """Task by task (the same order in both): (tasks `after` scores higher on, tasks `before` scores higher on)."""
+    pairs = list(zip(before, after, strict=True))
+    return sum(b > a for a, b in pairs), sum(a > b for a, b in pairs)
+
+
+def _success_rates(report: EvalReport) -> dict[tuple[str, str], float]:
+    """(task id, prompt) -> the share of the task's samples that succeeded."""
+    return {(task.id, task.prompt): fmean(s.success for s in task.samples) for task in report.tasks if task.samples}
+
+
 def paired_rows(a: EvalReport, b: EvalReport) -> list[Row]:
     """Over the tasks both reports ran (the same id and prompt): the task count, how many tasks each report
     solves in a larger share of its samples than the other, and the sign test's p-value of that split.
     No rows when the reports share no task."""
-    rates_a = {(task.id, task.prompt): fmean(s.success for s in task.samples) for task in a.tasks if task.samples}
-    rates_b = {(task.id, task.prompt): fmean(s.success for s in task.samples) for task in b.tasks if task.samples}
+    rates_a, rates_b = _success_rates(a), _success_rates(b)
     shared = [key for key in rates_a if key in rates_b]
     if not shared:
         return []
-    a_better = sum(rates_a[key] > rates_b[key] for key in shared)
-    b_better = sum(rates_b[key] > rates_a[key] for key in shared)
+    b_better, a_better = paired_split([rates_a[key] for key in shared], [rates_b[key] for key in shared])
     return [
         ("paired/tasks", str(len(shared)), str(len(shared)), ""),
         ("paired/tasks_solved_more_often", str(a_better), str(b_better), f"{b_better - a_better:+d}"),

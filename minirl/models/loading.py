@@ -57,7 +57,8 @@ def _from_pretrained(auto_class, path: str, **kwargs):
     try:
         return auto_class.from_pretrained(path, **kwargs)
     except OSError as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        lines = str(err).strip().splitlines()
+        reason = lines[0] if lines else type(err).__name__
         raise ConfigError(
             f"model.name_or_path: cannot load '{path}' (a hub id or a checkpoint directory): {reason}"
         ) from err
@@ -65,9 +66,8 @@ def _from_pretrained(auto_class, path: str, **kwargs):
 
 def load_model(path: str, cfg: Config, device: torch.device, trainable: bool = True):
     dtype = getattr(torch, cfg.model.dtype.value)
-    model = _from_pretrained(AutoModelForCausalLM, path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code).to(
-        device
-    )
+    model = _from_pretrained(AutoModelForCausalLM, path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code)
+    model = model.to(device)
     model.requires_grad_(trainable)
     return model.train(trainable)
 
