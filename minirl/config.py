@@ -21,6 +21,9 @@ from minirl.protocol.parsing import CallPolicy
 from minirl.registry import ConfigError
 from minirl.tools.minimind import MINIMIND_TOOL_NAMES
 
+# A sampling temperature below this decodes greedily, as in vLLM: logits divided by it could overflow float32.
+GREEDY_BELOW = 1e-5
+
 
 def _check(ok: bool, key: str, message: str) -> None:
     if not ok:
@@ -175,7 +178,11 @@ class RolloutConfig:
         _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
         _check(self.max_tool_calls >= 1, "rollout.max_tool_calls", "must be >= 1")
         _check(self.max_total_tokens > self.max_new_tokens, "rollout.max_total_tokens", "must exceed max_new_tokens")
-        _check(self.temperature > 0, "rollout.temperature", "must be > 0 (sampling is required for RL)")
+        _check(
+            self.temperature >= GREEDY_BELOW,
+            "rollout.temperature",
+            f"must be >= {GREEDY_BELOW} (sampling is required for RL; lower decodes greedily)",
+        )
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.top_k >= 0, "rollout.top_k", "must be >= 0")
 

@@ -7,6 +7,13 @@ import math
 
 import torch
 
+from minirl.config import GREEDY_BELOW
+
+
+def is_greedy(temperature: float) -> bool:
+    """Whether a sampler given `temperature` decodes greedily: at 0, and below GREEDY_BELOW."""
+    return temperature < GREEDY_BELOW
+
 
 def outside_top_k_top_p(
     logits: torch.Tensor,  # [..., V] already divided by the temperature
@@ -30,7 +37,7 @@ def outside_top_k_top_p(
 
 def warped(
     logits: torch.Tensor,  # [..., V]
-    temperature: float,  # > 0
+    temperature: float,  # >= GREEDY_BELOW
     top_p: float,
     top_k: int,
     kept: torch.Tensor | None = None,  # [...] a token id per row that stays in whatever the filter says

@@ -124,6 +124,7 @@ def test_experiment_and_debug_presets_apply():
         ("algo.kl_coef=-0.1", "algo.kl_coef"),
         ("trainer.steps=0", "trainer.steps"),
         ("rollout.temperature=0", "rollout.temperature"),
+        ("rollout.temperature=1e-50", "rollout.temperature: must be >= 1e-05"),
         ("protocol.max_calls_per_turn=0", "protocol.max_calls_per_turn"),
         ("protocol.max_tool_output_tokens=0", "protocol.max_tool_output_tokens"),
         ("protocol.call_policy=strict_single", "protocol.max_calls_per_turn: must be 1 under call_policy=strict"),

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class SamplingParams:
-    """Sampling for one generate call. temperature 0 = greedy."""
+    """Sampling for one generate call. temperature 0 (or below GREEDY_BELOW, minirl/config.py) = greedy."""
 
     max_new_tokens: int
     temperature: float = 1.0

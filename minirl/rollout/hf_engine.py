@@ -7,6 +7,7 @@ from transformers import GenerationConfig
 
 from minirl.decoding import left_padded
 from minirl.rollout.engine import ENGINES, Completion, ModuleEngine, SamplingParams
+from minirl.sampling import is_greedy
 
 
 @ENGINES.register("hf")
@@ -18,7 +19,7 @@ class HFEngine(ModuleEngine):
         ids, attention = left_padded(prompts, self.pad_id)  # [B, P] each
         width = ids.shape[1]
         # explicit sampling values: None would fall back to generation defaults such as top_k=50
-        sampling = {"do_sample": False} if params.temperature == 0 else {
+        sampling = {"do_sample": False} if is_greedy(params.temperature) else {
             "do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
         }  # fmt: skip
         config = GenerationConfig(

@@ -13,14 +13,14 @@ import torch
 
 from minirl.decoding import CachedBatch, PrefixStore
 from minirl.rollout.engine import ENGINES, Completion, ModuleEngine, SamplingParams
-from minirl.sampling import draw, warped
+from minirl.sampling import draw, is_greedy, warped
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of `logits` ([B, V] float32) and its log-prob ([B] each) under the distribution it
-    was drawn from: temperature, then top-k and top-p, as generate's warpers; temperature 0 = greedy,
-    scored under the raw logits as generate scores it."""
-    if params.temperature == 0:
+    was drawn from: temperature, then top-k and top-p, as generate's warpers; temperature 0 (or below
+    GREEDY_BELOW) = greedy, scored under the raw logits as generate scores it."""
+    if is_greedy(params.temperature):
         tokens = logits.argmax(dim=-1)  # [B]
         logprobs = logits.log_softmax(dim=-1)  # [B, V]
     else:

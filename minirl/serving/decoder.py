@@ -4,9 +4,9 @@
 finishes on an end-of-turn token, on one of its stop strings, at its own max_tokens, or when its sink
 reports the request cancelled; finished rows leave the batch and the KV cache at once.
 
-Each row samples with its own temperature (0 = greedy), top-p and top-k (filtered as the trainer
-assumes: `minirl.sampling`) and its own torch.Generator, so a seeded row draws the same tokens
-whatever it is batched with, up to the rounding of batched matrix products.
+Each row samples with its own temperature (0, or below 1e-5 as in vLLM, = greedy), top-p and top-k
+(filtered as the trainer assumes: `minirl.sampling`) and its own torch.Generator, so a seeded row draws
+the same tokens whatever it is batched with, up to the rounding of batched matrix products.
 
 Text reaches the sink as it settles: the completion is decoded as a whole after every token, and
 text that a later token could still change is held back (an incomplete UTF-8 character, or a
@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 
 from minirl.decoding import CachedBatch
-from minirl.sampling import draw, warped
+from minirl.sampling import draw, is_greedy, warped
 
 INCOMPLETE_CHAR = "\ufffd"  # what the byte-level decoder writes for a UTF-8 character cut short
 
@@ -34,7 +34,7 @@ class SamplingSpec:
     """How one row samples and when it stops."""
 
     max_tokens: int
-    temperature: float = 1.0  # 0 = greedy
+    temperature: float = 1.0  # 0 (or below GREEDY_BELOW) = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     seed: int | None = None  # None = a fresh random seed
@@ -93,13 +93,13 @@ class _LiveRow:
         self.tokens: list[int] = []
         self.sent = 0  # characters of the text already given to the sink
         self.generator = None
-        if self.spec.temperature > 0:
+        if not is_greedy(self.spec.temperature):
             seed = random.getrandbits(64) if self.spec.seed is None else self.spec.seed % 2**64
             self.generator = torch.Generator(device).manual_seed(seed)
 
     def sample(self, logits: torch.Tensor) -> int:  # logits: [V] float32
         spec = self.spec
-        if spec.temperature == 0:
+        if is_greedy(spec.temperature):
             return int(logits.argmax())
         probs = warped(logits, spec.temperature, spec.top_p, spec.top_k).softmax(-1)  # [V]
         return int(draw(probs[None], self.generator))
