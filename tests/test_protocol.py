@@ -172,6 +172,16 @@ def test_a_tool_result_cannot_forge_control_tokens(any_template_tokenizer):
     assert forged in tok.decode(forged_ids).replace(ZERO_WIDTH_SPACE, "")  # the model still reads all of it
 
 
+def test_a_lone_surrogate_in_a_tool_result_reaches_the_model_as_a_replacement_character(any_template_tokenizer):
+    # a user tool may return text no tokenizer can encode; the turn must go on
+    tok = any_template_tokenizer
+    (message,) = tool_messages([ToolResult("call_0_0", "echo", "bad \ud800 text", "ok", 0.0)], tok, 256)
+    assert message["content"] == "bad \ufffd text"
+    p0, sampled = render(tok, PROMPT, [CALC_TOOL], add_generation_prompt=True), encode(tok, "calling")
+    _, added = next_prompt(p0, sampled, turn_deltas(tok, PROMPT, [CALC_TOOL], [message]))
+    assert "bad \ufffd text" in tok.decode(added)
+
+
 # --- parsing -------------------------------------------------------------------------------
 
 
@@ -207,6 +217,19 @@ def test_calls_are_parsed_with_ids_and_dict_arguments():
         ('<tool_call>\n{"arguments": {}}\n</tool_call>', "no string 'name'"),
         ('<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>', "must be an object"),
         ('<tool_call>\n{"name": "f", "arguments": "{oops"}\n</tool_call>', "not JSON"),
+        pytest.param(
+            '<tool_call>{"name": "f", "arguments": {"x": ' + "9" * 5000 + "}}</tool_call>",
+            "too many digits",
+            id="a 5000-digit integer",
+        ),
+        pytest.param(
+            '<tool_call>{"name": "f", "arguments": "{\\"x\\": ' + "9" * 5000 + '}"}</tool_call>',
+            "not JSON",
+            id="a 5000-digit integer in arguments as a JSON string",
+        ),
+        ('<tool_call>{"name": "f", "arguments": {"x": "\\ud800"}}</tool_call>', "lone surrogate"),
+        ('<tool_call>{"name": "\\udc00", "arguments": {}}</tool_call>', "lone surrogate"),
+        ('<tool_call>{"name": "f", "arguments": {"\\ud800": 1}}</tool_call>', "lone surrogate"),
         ("</tool_call> stray", "without a <tool_call>"),
     ],
 )
@@ -306,12 +329,21 @@ def test_xml_values_keep_their_text_exactly():
         ("tags", "[1, 2]", [1, 2]),
         ("undeclared", "5", "5"),  # no schema: text
         ("value", "[" * 100_000, "[" * 100_000),  # nested too deeply for JSON: text, no RecursionError
+        pytest.param("value", "9" * 5000, "9" * 5000, id="5000 digits"),  # more than Python converts: text
+        ("value", '"\\ud800"', '"\\ud800"'),  # a lone surrogate: text as written
     ],
 )
 def test_xml_values_are_text_unless_the_schema_declares_another_type(param, text, expected):
     parsed = parse_turn(xml_call("convert", {param: text}), "qwen3_coder", tools=[CONVERT_TOOL])
     assert parsed.kind is TurnKind.TOOL
     assert parsed.tool_calls[0].arguments == {param: expected}
+
+
+@pytest.mark.parametrize("parameters", [{"properties": ["value"]}, ["value"], {"properties": {"value": "number"}}])
+def test_xml_values_stay_text_under_a_schema_that_is_not_an_object(parameters):
+    tools = [{"type": "function", "function": {"name": "convert", "parameters": parameters}}]
+    parsed = parse_turn(xml_call("convert", {"value": "5"}), "qwen3_coder", tools=tools)
+    assert parsed.kind is TurnKind.TOOL and parsed.tool_calls[0].arguments == {"value": "5"}
 
 
 @pytest.mark.parametrize("call_format", ["hermes", "qwen3_coder"])

@@ -26,6 +26,7 @@ ReadCall = tuple[str, dict[str, Any]]  # (tool name, arguments)
 CallReader = Callable[[str, Sequence[dict]], "ReadCall | str"]
 
 CALL_FORMATS: Registry[CallReader] = Registry("tool-call format")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON can escape one; no text encoding can hold it
 
 
 def _snippet(text: str, limit: int = 40) -> str:
@@ -34,11 +35,31 @@ def _snippet(text: str, limit: int = 40) -> str:
 
 
 def _load_json(text: str) -> Any:
-    """json.loads that reports deep nesting (RecursionError) like any other syntax error."""
+    """json.loads that reports like any other syntax error: deep nesting (RecursionError), an integer too long
+    for Python to convert (ValueError beyond sys.get_int_max_str_digits) and an escape of a lone surrogate
+    ("\\ud800": no text, and no tokenizer or UTF-8 writer takes it)."""
     try:
-        return json.loads(text)
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", text[:40], 0) from None
+    except ValueError:
+        raise json.JSONDecodeError("an integer with too many digits", text[:40], 0) from None
+    if _holds_surrogate(value):
+        raise json.JSONDecodeError("a \\u escape of a lone surrogate", text[:40], 0)
+    return value
+
+
+def _holds_surrogate(value: Any) -> bool:
+    """Whether a string in `value` (parsed JSON: keys included) holds a lone surrogate."""
+    if isinstance(value, str):
+        return LONE_SURROGATE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_holds_surrogate(key) or _holds_surrogate(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_holds_surrogate(item) for item in value)
+    return False
 
 
 @CALL_FORMATS.register("hermes")
@@ -76,11 +97,15 @@ _SPACE = re.compile(r"\s*")
 
 
 def _declared_types(tools: Sequence[dict], name: str) -> dict[str, Any]:
-    """Parameter name -> its schema `type` (a string, a list of strings, or None) for tool `name`."""
+    """Parameter name -> its schema `type` (a string, a list of strings, or None) for tool `name`; a schema
+    that is not the object it should be declares nothing (the values stay text)."""
     for tool in tools:
         function = tool.get("function", tool)
-        if function.get("name") == name:
-            properties = (function.get("parameters") or {}).get("properties") or {}
+        if isinstance(function, dict) and function.get("name") == name:
+            parameters = function.get("parameters")
+            properties = parameters.get("properties") if isinstance(parameters, dict) else None
+            if not isinstance(properties, dict):
+                return {}
             return {key: spec.get("type") for key, spec in properties.items() if isinstance(spec, dict)}
     return {}
 

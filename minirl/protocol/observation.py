@@ -4,7 +4,8 @@ A tool result is hostile text (model-written code prints whatever it likes), and
 the text of a control token (`<|im_end|>`, `<|im_start|>`, `</tool_response>`, ...) anywhere in a
 rendered conversation as that token: a result could end its own message and forge the turns after
 it. Each such string in a result gets a zero-width space after its first character, so it reads the
-same but tokenizes as plain text.
+same but tokenizes as plain text. A lone surrogate, which no tokenizer can encode (a user tool may
+return one), becomes U+FFFD.
 
 The executor already caps an observation in characters; this cap is in tokens of the policy's
 own tokenizer, so one tool result cannot eat the context. A longer result keeps its first
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from minirl.protocol.formats import LONE_SURROGATE
 
 if TYPE_CHECKING:
     from minirl.tools.base import ToolResult
@@ -39,6 +42,11 @@ def defuse_control_tokens(text: str, tokens: Sequence[str]) -> str:
     return text
 
 
+def encodable(text: str) -> str:
+    """`text` with each lone surrogate replaced by U+FFFD, the replacement character."""
+    return LONE_SURROGATE.sub("\ufffd", text)
+
+
 def cap_tokens(tokenizer, text: str, max_tokens: int) -> str:
     """`text` if it has at most `max_tokens` tokens, else its first `max_tokens` tokens + the marker."""
     ids = tokenizer.encode(text, add_special_tokens=False)
@@ -50,7 +58,5 @@ def cap_tokens(tokenizer, text: str, max_tokens: int) -> str:
 def tool_messages(results: Sequence[ToolResult], tokenizer, max_tokens: int) -> list[dict]:
     """One `{"role": "tool", "tool_call_id", "name", "content"}` message per result, in call order."""
     tokens = control_tokens(tokenizer)  # once per turn, not per result
-    return [
-        {**r.to_message(), "content": cap_tokens(tokenizer, defuse_control_tokens(r.content, tokens), max_tokens)}
-        for r in results
-    ]
+    contents = [defuse_control_tokens(encodable(r.content), tokens) for r in results]
+    return [{**r.to_message(), "content": cap_tokens(tokenizer, c, max_tokens)} for r, c in zip(results, contents)]
