@@ -236,6 +236,15 @@ class EndlessDecoder(ScriptedDecoder):
             time.sleep(0.001)
 
 
+class BrokenResultDecoder(ScriptedDecoder):
+    """Answers every row with a result whose finish reason is no FinishReason: a bug inside the server."""
+
+    def decode(self, rows: list[DecodeRow]) -> None:
+        for row in rows:
+            row.sink.text("ok")
+            row.sink.done(RowResult("ok", "not a finish reason", 1))
+
+
 class ExplodingTokenizer:
     """The real tokenizer, except that a message saying "explode" breaks the chat template unexpectedly."""
 
@@ -325,6 +334,26 @@ def test_a_client_that_leaves_a_stream_cancels_its_rows(tokenizer):
             assert any(chunk["choices"][0]["delta"].get("content") == "x" for chunk in lines)
         wait_for(lambda: decoder.cancelled == 2)  # the endless rows end only when cancelled
         wait_for(lambda: health(url)["running_rows"] == 0)
+
+
+def test_a_client_that_gives_up_on_a_whole_response_cancels_its_rows(tokenizer):
+    decoder = EndlessDecoder()
+    with app_server(decoder, tokenizer) as url:
+        body = {"model": "scripted", "messages": GREETING_PROMPT}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/chat/completions", json=body, timeout=0.5)
+        wait_for(lambda: decoder.cancelled == 1)  # the endless row ends only when cancelled
+        wait_for(lambda: health(url)["running_rows"] == 0)
+
+
+def test_an_unexpected_error_mid_stream_ends_the_stream_with_an_error_event(tokenizer):
+    with app_server(BrokenResultDecoder(), tokenizer) as url:
+        body = {"model": "scripted", "messages": GREETING_PROMPT, "stream": True}
+        with httpx.stream("POST", f"{url}/chat/completions", json=body, timeout=WAIT_S) as response:
+            events = [line.removeprefix("data: ") for line in response.iter_lines() if line]
+        assert json.loads(events[-1])["error"]["type"] == "server_error"
+        assert "AttributeError" in json.loads(events[-1])["error"]["message"]
+        assert health(url)["status"] == "ok"
 
 
 def test_a_failed_batch_answers_500_and_the_server_goes_on(tokenizer):
@@ -512,6 +541,13 @@ def test_max_tokens_ends_the_reply_with_finish_reason_length(chat):
         assert response.choices[0].finish_reason == "length" and response.usage.completion_tokens == 3
 
 
+def test_a_temperature_below_1e_5_is_greedy(chat):
+    for prompt, request in PROMPTS.values():
+        assert summary(chat(prompt, temperature=1e-50, **request).choices[0]) == summary(
+            chat(prompt, **request).choices[0]
+        )
+
+
 def test_a_seed_repeats_a_sampled_reply(chat):
     first, second = (chat(QUESTION, tools=[CALC_TOOL], temperature=1.0, seed=11) for _ in range(2))
     assert summary(first.choices[0]) == summary(second.choices[0])
@@ -579,6 +615,11 @@ BAD_REQUESTS = {  # id: (request fields over GREETING_PROMPT's, the param the er
     "top_p above 1": ({"top_p": 1.5}, "top_p"),
     "max_tokens 0": ({"max_tokens": 0}, "max_tokens"),
     "empty stop string": ({"stop": [""]}, "stop"),
+    "five stop strings": ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    "tool properties that are not an object": (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"properties": ["x"]}}}]},
+        "tools[0].function.parameters",
+    ),
     "tool_choice required": ({"tools": [CALC_TOOL], "tool_choice": "required"}, "tool_choice"),
     "named tool_choice": (
         {"tools": [CALC_TOOL], "tool_choice": {"type": "function", "function": {"name": "calculate_math"}}},
@@ -633,6 +674,27 @@ def test_raw_http_errors_are_openai_error_objects(openai_server, method, path, c
         and error["message"]
         and set(error) == {"message", "type", "param", "code"}
     )
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ('"messages": [{"role": "user", "content": "hi \\ud800"}]', "messages[0].content"),
+        (
+            '"messages": [{"role": "user", "content": "hi"}], '
+            '"tools": [{"type": "function", "function": {"name": "f", "description": "\\udc00"}}]',
+            "tools[0].function.description",
+        ),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_where_it_is(openai_server, fields, param):
+    # JSON can escape a lone surrogate, but no tokenizer can encode it (the openai client cannot send one)
+    body = f'{{"model": "{openai_server.model_id}", {fields}}}'.encode()
+    response = httpx.post(
+        openai_server.base_url + "/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param and "lone surrogate" in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])

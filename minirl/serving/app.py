@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -34,12 +35,15 @@ from minirl.serving.openai_api import (
     Choice,
     ChoiceDelta,
     ResponseHeader,
+    check_unicode,
     error_body,
     template_messages,
     template_tools,
 )
 from minirl.serving.scheduler import DoneEvent, Job, JobFailed, QueueFull, Scheduler
 from minirl.serving.turn_splitter import TurnSplitter
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -74,12 +78,14 @@ def create_app(scheduler: Scheduler, served: ServedModel, serve: ServeConfig, pr
         return {"object": "list", "data": [{**card, "max_model_len": served.context_length}]}
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest):
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
         if body.model != served.model_id:
             message = f"the model '{body.model}' does not exist; this server serves '{served.model_id}'"
             raise APIError(404, message, "model", "model_not_found")
         if body.n > serve.max_batch_size:
             raise APIError(400, f"n must be <= {serve.max_batch_size} (serve.max_batch_size), got {body.n}", "n")
+        for key in ("messages", "tools"):
+            check_unicode(body.model_dump(include={key}, exclude_none=True).get(key), key)
         calls = body.calls_enabled()
         tools = template_tools(body.tools) if calls else None
         messages = template_messages(body.messages)
@@ -97,7 +103,7 @@ def create_app(scheduler: Scheduler, served: ServedModel, serve: ServeConfig, pr
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             chunks = _stream(job, splitters, header, len(prompt), include_usage)
             return StreamingResponse(chunks, media_type="text/event-stream")
-        return await _gather(job, splitters, header, len(prompt))
+        return await _gather(job, splitters, header, len(prompt), request)
 
     return app
 
@@ -176,16 +182,28 @@ async def _choice_deltas(job: Job, splitters: Sequence[TurnSplitter]) -> AsyncIt
             yield ChoiceDelta(event.index, finish_reason=finish, completion_tokens=event.result.completion_tokens)
 
 
-async def _gather(job: Job, splitters: Sequence[TurnSplitter], header: ResponseHeader, prompt_tokens: int) -> dict:
+async def _gather(
+    job: Job, splitters: Sequence[TurnSplitter], header: ResponseHeader, prompt_tokens: int, request: Request
+) -> dict:
+    """The whole response at once. A client that disconnects first cancels the job's rows."""
     choices = [Choice(index) for index in range(len(splitters))]
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     try:
         async for delta in _choice_deltas(job, splitters):
             choices[delta.index].add(delta)
     except JobFailed as err:
         raise APIError(500, str(err), error_type="server_error") from None
     finally:
+        watcher.cancel()
         job.cancel()  # a handler that stops early (shutdown) frees the rows; no effect once done
     return header.completion(choices, prompt_tokens)
+
+
+async def _cancel_on_disconnect(request: Request, job: Job, poll_s: float = 0.2) -> None:
+    """Cancel `job` once `request`'s client has gone (it gave up waiting: nothing is sent before the end)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(poll_s)
+    job.cancel()
 
 
 def _sse(obj: dict) -> str:
@@ -209,6 +227,9 @@ async def _stream(
         yield "data: [DONE]\n\n"
     except JobFailed as err:
         yield _sse(error_body(str(err), "server_error"))
+    except Exception as err:  # the status line went out already: the error can only be an event
+        logger.exception("streaming a response failed")
+        yield _sse(error_body(f"internal error: {type(err).__name__}: {err}", "server_error"))
     finally:
         job.cancel()
 

@@ -14,10 +14,12 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from minirl.protocol.formats import read_name_and_arguments
 from minirl.protocol.parsing import ToolCall
+
+MAX_STOP_STRINGS = 4
 
 
 class APIError(Exception):
@@ -68,6 +70,13 @@ class FunctionSpec(_Lenient):
     description: str | None = None
     parameters: dict | None = None  # JSON schema of an object
 
+    @field_validator("parameters")
+    @classmethod
+    def _properties_are_an_object(cls, parameters: dict | None) -> dict | None:
+        if parameters is not None and not isinstance(parameters.get("properties", {}), dict):
+            raise ValueError("properties must be an object mapping each parameter name to its schema")
+        return parameters
+
 
 class ToolSpec(_Lenient):
     type: Literal["function"]
@@ -111,13 +120,32 @@ class ChatCompletionRequest(_Lenient):
         )
 
     def stop_strings(self) -> tuple[str, ...]:
+        """Up to MAX_STOP_STRINGS, as OpenAI allows: each one is searched for after every token."""
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
         if not isinstance(stops, list) or not all(isinstance(stop, str) and stop for stop in stops):
             raise APIError(400, "stop must be a non-empty string or a list of them", "stop")
+        if len(stops) > MAX_STOP_STRINGS:
+            raise APIError(400, f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}", "stop")
         return tuple(stops)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def check_unicode(value: Any, where: str) -> None:
+    """A 400 naming `where` (e.g. messages[0].content) for a string in `value` (JSON data) that is not Unicode
+    text: a lone surrogate such as "\\ud800", which JSON can carry but no tokenizer can encode."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(400, f"{where} is not valid Unicode text (it holds a lone surrogate)", where) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_unicode(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_unicode(item, f"{where}[{i}]")
 
 
 def _text(content: Any, where: str) -> str | None:
