@@ -30,6 +30,7 @@ SCHEMA = {
         "scale": {"type": "number"},
         "flag": {"type": "boolean"},
         "unit": {"type": "string", "enum": ["m", "km"]},
+        "level": {"enum": ["low", 1]},
         "tags": {"type": "array", "items": {"type": "string"}},
         "inner": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]},
     },
@@ -56,6 +57,7 @@ def test_valid_arguments_have_no_problems():
     arguments = {"text": "a", "count": 3, "scale": 0.5, "flag": True, "unit": "km", "tags": ["x"], "inner": {"x": 1}}
     assert validate_arguments(SCHEMA, arguments) == []
     assert validate_arguments(SCHEMA, {"text": "a", "count": 3.0}) == []  # an integral float is an integer
+    assert validate_arguments(SCHEMA, {"text": "a", "level": 1.0}) == []  # one number in JSON
 
 
 @pytest.mark.parametrize(
@@ -70,6 +72,7 @@ def test_valid_arguments_have_no_problems():
         ({"text": "a", "scale": "1"}, "argument 'scale' must be of type number, got string"),
         ({"text": "a", "flag": 1}, "argument 'flag' must be of type boolean"),
         ({"text": "a", "unit": "mile"}, "argument 'unit' must be one of: m, km"),
+        ({"text": "a", "level": True}, "argument 'level' must be one of: low, 1; got true"),  # true is not 1
         ({"text": "a", "tags": [1]}, "argument 'tags[0]' must be of type string"),
         ({"text": "a", "inner": {}}, "missing required argument 'inner.x'"),
         ({"text": "a", "extra": 1}, "unexpected argument 'extra'"),
@@ -194,6 +197,11 @@ class Blocking(Tool):
         return {}
 
 
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
 class Faulty(Tool):
     name = "faulty"
     description = "fails or floods"
@@ -205,6 +213,7 @@ class Faulty(Tool):
             "exit": lambda: sys.exit(3),
             "flood": lambda: {"text": "x" * 10_000},
             "set": lambda: {"value": {1, 2}},
+            "unprintable": lambda: (_ for _ in ()).throw(Unprintable()),
         }
         return outcomes[arguments["mode"]]()
 
@@ -238,6 +247,8 @@ def test_exceptions_become_error_results():
     assert json.loads(crash.content) == {"error": "ZeroDivisionError: division by zero"}
     assert executor.execute(ToolCall("c", "faulty", {"mode": "exit"})).status == "error"
     assert executor.execute(ToolCall("c", "faulty", {"mode": "set"})).content.startswith('{"error": "TypeError')
+    unprintable = executor.execute(ToolCall("c", "faulty", {"mode": "unprintable"}))  # not a timeout
+    assert unprintable.status == "error" and "Unprintable" in unprintable.content
 
 
 def test_output_is_capped_with_a_marker():

@@ -111,6 +111,11 @@ _JSON_TYPE_NAMES: dict[type, str] = {
 }
 
 
+def _same_json(a: Any, b: Any) -> bool:
+    """Equal as JSON values: true is not 1, as it is in Python (1 and 1.0 are one number in both)."""
+    return isinstance(a, bool) is isinstance(b, bool) and a == b
+
+
 def _label(path: str) -> str:
     return f"argument '{path}'" if path else "arguments"
 
@@ -121,7 +126,7 @@ def _problems(schema: dict, value: Any, path: str) -> list[str]:
         got = _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
         return [f"{_label(path)} must be of type {expected}, got {got}"]
     problems: list[str] = []
-    if "enum" in schema and value not in schema["enum"]:
+    if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
         options = ", ".join(str(option) for option in schema["enum"])
         problems.append(f"{_label(path)} must be one of: {options}; got {json.dumps(value, ensure_ascii=False)}")
     if isinstance(value, dict):
@@ -193,6 +198,14 @@ def _error_json(message: str) -> str:
     return _to_json({"error": message})
 
 
+def _describe(err: BaseException) -> str:
+    """'Type: message'; a user tool's exception whose message itself raises still names its type."""
+    try:
+        return f"{type(err).__name__}: {err}"
+    except Exception:
+        return f"{type(err).__name__} (its message raised an error)"
+
+
 class _Run:
     """One call running in a daemon thread (a hung tool cannot block the process from exiting)."""
 
@@ -207,9 +220,9 @@ class _Run:
         try:
             self.outcome = ("ok", _to_json(tool.run(self.call.arguments)))
         except ToolTimeout as err:
-            self.outcome = ("timeout", _error_json(f"{type(err).__name__}: {err}"))
+            self.outcome = ("timeout", _error_json(_describe(err)))
         except BaseException as err:  # a worker thread: whatever the tool raised is the model's observation
-            self.outcome = ("error", _error_json(f"{type(err).__name__}: {err}"))
+            self.outcome = ("error", _error_json(_describe(err)))
 
     def wait(self, deadline: float) -> None:
         self._thread.join(max(0.0, deadline - time.perf_counter()))
@@ -270,7 +283,7 @@ class ToolExecutor:
                 return self._result(call, "bad_arguments", _error_json(message), started)
             return _Run(call, tool)
         except Exception as err:  # a malformed call object or schema must not escape the executor
-            return self._result(call, "error", _error_json(f"{type(err).__name__}: {err}"), started)
+            return self._result(call, "error", _error_json(_describe(err)), started)
 
     def _finish(self, run: _Run) -> ToolResult:
         run.wait(run.started + self.timeout_s)

@@ -178,8 +178,12 @@ def evaluate_exact(
 
 
 def format_number(x: Number) -> str:
-    """Ints as-is; integral floats as ints; other floats rounded to 4 decimals, trailing zeros cut."""
-    if isinstance(x, int) or x.is_integer():
-        return str(int(x))
+    """Ints as-is; integral floats as ints, from the shortest decimal that reads back as the float (1e23 is
+    100000000000000000000000, not its binary value's 99999999999999991611392); other floats rounded to 4
+    decimals, trailing zeros cut."""
+    if isinstance(x, int):
+        return str(x)
+    if x.is_integer():
+        return str(int(Decimal(repr(x))))
     rounded = round(x, 4) or 0.0  # `or` turns -0.0 into 0.0
     return f"{rounded:.4f}".rstrip("0").rstrip(".")
