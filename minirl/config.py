@@ -99,7 +99,7 @@ class SandboxConfig:
     workers: int = 4  # interpreter processes at once; further calls wait for a free one
     cpu_s: int = 5  # CPU seconds (RLIMIT_CPU)
     memory_mb: int = 512  # address space (RLIMIT_AS)
-    file_mb: int = 16  # largest file the code writes, its stdout and stderr included (RLIMIT_FSIZE)
+    file_mb: int = 16  # largest file written, stdout and stderr included (RLIMIT_FSIZE); in namespaces all files
     open_files: int = 64  # RLIMIT_NOFILE
     processes: int = 64  # RLIMIT_NPROC: counts all processes and threads of the user; root is exempt
     max_output_chars: int = 2048  # stdout + stderr the model sees, cut with a marker; JSON escaping adds more

@@ -296,6 +296,38 @@ def test_nothing_is_written_outside_the_working_directory(executor, tmp_path, co
     assert not os.path.exists(target)
 
 
+SWITCH_OFF_THE_HOOK = (  # the audit hook runs in the code's own process: its frame can be reached
+    "import sys\nframe = sys._getframe()\n"
+    "while 'Guard' not in frame.f_globals:\n    frame = frame.f_back\n"
+    "frame.f_globals['Guard']._inside = lambda *args: True\n"
+)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "open({target!r}, 'w').write('x')",
+        "import os\nos.mkdir({target!r})",
+        "import os\nos.mkfifo({target!r})",  # raises no audit event
+    ],
+)
+def test_in_namespaces_nothing_is_written_outside_even_with_the_audit_hook_switched_off(executor, tmp_path, code):
+    if not sandbox.namespace_prefix():
+        pytest.skip("runs without namespaces: the audit hook alone keeps writes in the working directory")
+    target = str(tmp_path / "outside")
+    status, text = call(executor, SWITCH_OFF_THE_HOOK + code.format(target=target))
+    assert status == "error" and "Read-only file system" in text
+    assert not os.path.exists(target)
+
+
+def test_in_namespaces_the_working_directory_holds_at_most_file_mb(executor):
+    if not sandbox.namespace_prefix():
+        pytest.skip("runs without namespaces: file_mb bounds each file, not their sum")
+    code = "n = 0\ntry:\n    while True:\n        open(f'f{n}', 'wb').write(b'x' * 300_000)\n        n += 1\n"
+    code += "except OSError as err:\n    print(n, err.strerror)"
+    assert call(executor, code) == ("ok", "3 No space left on device\n")  # 1 MiB in all
+
+
 @pytest.mark.parametrize(
     "code",
     [

@@ -11,7 +11,9 @@ Containment, from the kernel inwards:
 
 - namespaces, when this machine allows them unprivileged (`unshare --user --net --pid
   --mount-proc`, probed once): no network but a loopback that is down, no other process visible
-  or reachable by pid, and when the run ends the kernel kills everything it started;
+  or reachable by pid, and when the run ends the kernel kills everything it started. In the run's
+  mount namespace the working directory is a fresh tmpfs of `file_mb` (a copy of `main.py` in it)
+  and every other mount is read-only (`sandbox_child.contain_filesystem`);
 - resource limits the interpreter sets on itself before the code runs (`sandbox_child.py`): CPU
   seconds, address space, file size (stdout and stderr are files, so this bounds them on disk),
   open files, processes, no core dumps;
@@ -65,16 +67,27 @@ class SandboxRun:
 
 @functools.cache
 def namespace_prefix() -> tuple[str, ...]:
-    """`unshare` with the run's namespaces when it works here without privileges, else nothing."""
+    """`unshare` with the run's namespaces when it works here without privileges, filesystem containment
+    included (an empty run is the probe), else nothing."""
     unshare = shutil.which("unshare")
     if unshare is None:
         return ()
     command = (unshare, *_NAMESPACES)
-    try:
-        probe = subprocess.run([*command, sys.executable, "-S", "-c", ""], capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return ()
+    with tempfile.TemporaryDirectory(prefix="minirl-sandbox-probe-") as work:
+        Path(work, SCRIPT).write_text("")
+        limits = (5, 256 << 20, 1 << 20, 64, 64, 10, 1)  # cpu_s, memory, file size, files, processes, wall_s, contain
+        try:
+            probe = subprocess.run(
+                [*command, *_interpreter(), *map(str, limits)], cwd=work, capture_output=True, timeout=10
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return ()
     return command if probe.returncode == 0 else ()
+
+
+def _interpreter() -> list[str]:
+    """The sandboxed interpreter running sandbox_child.py, whose arguments come next."""
+    return [sys.executable, "-B", "-s", "-S", str(CHILD)]
 
 
 def _environment(home: str) -> dict[str, str]:
@@ -93,8 +106,9 @@ def _environment(home: str) -> dict[str, str]:
 def _command(limits: SandboxConfig, timeout_s: float) -> list[str]:
     mb = 1 << 20
     rlimits = (limits.cpu_s, limits.memory_mb * mb, limits.file_mb * mb, limits.open_files, limits.processes)
-    arguments = (*rlimits, math.ceil(timeout_s))
-    return [*namespace_prefix(), sys.executable, "-B", "-s", "-S", str(CHILD), *map(str, arguments)]
+    namespaces = namespace_prefix()
+    arguments = (*rlimits, math.ceil(timeout_s), int(bool(namespaces)))  # contain the filesystem in namespaces
+    return [*namespaces, *_interpreter(), *map(str, arguments)]
 
 
 def _wait_then_kill(proc: subprocess.Popen, timeout_s: float) -> bool:

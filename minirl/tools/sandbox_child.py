@@ -1,4 +1,5 @@
-"""What a sandboxed interpreter runs first: `python -B -s -S sandbox_child.py CPU_S AS FSIZE NOFILE NPROC WALL_S`.
+"""What a sandboxed interpreter runs first: `python -B -s -S sandbox_child.py CPU_S AS FSIZE NOFILE NPROC WALL_S
+CONTAIN`, CONTAIN 1 when it runs in its own namespaces (`contain_filesystem` then runs first).
 
 Standard library only: the interpreter starts without site-packages, so minirl is not importable.
 
@@ -17,6 +18,7 @@ could otherwise reach out), and reading another process's `/proc/<pid>`. A hook 
 process it guards, so it stops mistakes and casual escapes, not a determined exploit of CPython.
 """
 
+import errno
 import itertools
 import os
 import posix
@@ -69,6 +71,57 @@ _CHANGED_PATHS = {
 }
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _PROC_PID = re.compile(r"/proc/(\d+)(/|$)")
+# mount(2) flags (linux/mount.h); a remount must repeat a mount's nosuid, nodev, noexec and atime flags
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
+_KEPT_MOUNT_FLAGS = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": 8,
+    "noatime": 1024,
+    "nodiratime": 2048,
+    "relatime": 1 << 21,
+    "strictatime": 1 << 24,
+}
+_MOUNTINFO_ESCAPE = re.compile(r"\\([0-7]{3})")  # a space in a mount point reads \040
+
+
+def _mount_points() -> list[tuple[str, int]]:
+    """(mount point, the flags a remount must keep) of each mount this process sees."""
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = _MOUNTINFO_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
+            points.append((point, sum(_KEPT_MOUNT_FLAGS.get(option, 0) for option in fields[5].split(","))))
+    return points
+
+
+def contain_filesystem(workdir: str, disk_bytes: int) -> None:
+    """In the run's own mount namespace (the `unshare` the sandbox starts it under): the working directory
+    becomes a fresh tmpfs of `disk_bytes` holding a copy of `main.py`, and every other mount read-only.
+    The code can then change nothing outside its working directory whatever it does to the audit hook,
+    and what it writes disappears with the namespace."""
+    import ctypes  # the audit hook refuses ctypes; it is not installed yet
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def mount(target: str, flags: int, fstype: bytes | None = None, data: bytes | None = None) -> int:
+        return 0 if libc.mount(fstype, target.encode(), fstype, flags, data) == 0 else ctypes.get_errno()
+
+    with open(SCRIPT, "rb") as f:
+        code = f.read()
+    points = _mount_points()
+    error = mount(workdir, MS_NOSUID | MS_NODEV, b"tmpfs", f"size={disk_bytes},mode=700".encode())
+    if error:
+        raise OSError(error, f"mounting a tmpfs on the working directory: {os.strerror(error)}")
+    for point, kept in points:
+        error = mount(point, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
+        # EINVAL: a mount hidden under another one (the run's own /proc covers the machine's)
+        if error and error != errno.EINVAL:
+            raise OSError(error, f"making {point} read-only: {os.strerror(error)}")
+    os.chdir(workdir)  # into the tmpfs
+    with open(SCRIPT, "wb") as f:
+        f.write(code)
 
 
 def set_limits(cpu_s: int, address_space: int, file_size: int, open_files: int, processes: int) -> None:
@@ -161,7 +214,9 @@ def run_worker(limits: list[int]) -> None:
 
 
 def main() -> None:
-    *limits, wall_s = (int(arg) for arg in sys.argv[1:])
+    *limits, wall_s, contain = (int(arg) for arg in sys.argv[1:])
+    if contain:
+        contain_filesystem(os.path.realpath(os.getcwd()), limits[2])  # a tmpfs as large as one file may be
     worker = os.fork()
     if worker == 0:
         run_worker(limits)
