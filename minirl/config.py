@@ -9,13 +9,14 @@ composed config once with `OmegaConf.to_object`; below that, code gets typed dat
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from minirl.protocol.parsing import CallPolicy
 from minirl.registry import ConfigError
@@ -353,7 +354,7 @@ class TrainerConfig:
         _check(self.lr > 0, "trainer.lr", "must be > 0")
         _check(self.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0")
         _check(self.eval_temperature >= 0, "trainer.eval_temperature", "must be >= 0")
-        for key in ("save_every", "trajectories_every"):
+        for key in ("save_every", "trajectories_every", "warmup_steps", "weight_decay"):
             _check(getattr(self, key) >= 0, f"trainer.{key}", "must be >= 0")
         _check(self.keep_last >= 1, "trainer.keep_last", "must be >= 1")
         _check(self.max_bad_steps >= 1, "trainer.max_bad_steps", "must be >= 1")
@@ -465,9 +466,21 @@ def _reject_unknown_keys(node: DictConfig, path: str = "") -> None:
             _reject_unknown_keys(child, full + ".")
 
 
+def _reject_non_finite(node: DictConfig | ListConfig, path: str = "") -> None:
+    """No option takes inf or nan (`trainer.lr=inf` would train on NaN weights until it crashed)."""
+    items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else enumerate(node._iter_ex(resolve=False))
+    for key, value in items:
+        full = f"{path}[{key}]" if isinstance(node, ListConfig) else f"{path}{'.' if path else ''}{key}"
+        if isinstance(value, (DictConfig, ListConfig)):
+            _reject_non_finite(value, full)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{full}: must be a finite number, got {value}")
+
+
 def to_config(cfg: DictConfig) -> Config:
     """Convert the composed config once; range checks run here. Raises ConfigError."""
     _reject_unknown_keys(cfg)
+    _reject_non_finite(cfg)
     try:
         return OmegaConf.to_object(cfg)
     except ConfigError:

@@ -33,7 +33,7 @@ from rich.console import Console
 from minirl.algos.advantages import ADV_ESTIMATORS, GROUP_BASELINE
 from minirl.algos.dapo import overlong_penalty, tied_groups, tokens_to_limit, truncated
 from minirl.algos.kl import KL_ESTIMATORS, sequence_kl
-from minirl.algos.losses import LOSSES, micro_batch_share
+from minirl.algos.losses import AGGREGATIONS, LOSSES, micro_batch_share
 from minirl.algos.rollout_correction import rollout_correction
 from minirl.checkpoint import latest_checkpoint, load_trainer_state, restore_rng_state, rng_state, save_checkpoint
 from minirl.config import Config, LRSchedule, OldLogprobs, Overlong, Resume
@@ -71,6 +71,7 @@ def check_names(cfg: Config) -> None:
     check_weights(cfg.reward.weights)
     SUCCESS_CRITERIA.get(cfg.reward.success)
     LOSSES.get(cfg.loss.name)
+    AGGREGATIONS.get(cfg.loss.agg)
     KL_ESTIMATORS.get(cfg.loss.kl_estimator)
     KL_ESTIMATORS.get(cfg.algo.kl_estimator)
     ADV_ESTIMATORS.get(cfg.algo.adv_estimator)

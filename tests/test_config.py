@@ -125,6 +125,11 @@ def test_experiment_and_debug_presets_apply():
         ("trainer.steps=0", "trainer.steps"),
         ("rollout.temperature=0", "rollout.temperature"),
         ("rollout.temperature=1e-50", "rollout.temperature: must be >= 1e-05"),
+        ("rollout.temperature=inf", "rollout.temperature: must be a finite number, got inf"),
+        ("trainer.lr=inf", "trainer.lr: must be a finite number, got inf"),
+        ("reward.weights.gt_hit=-inf", "reward.weights.gt_hit: must be a finite number, got -inf"),
+        ("trainer.weight_decay=-1", "trainer.weight_decay: must be >= 0"),
+        ("trainer.warmup_steps=-5", "trainer.warmup_steps: must be >= 0"),
         ("protocol.max_calls_per_turn=0", "protocol.max_calls_per_turn"),
         ("protocol.max_tool_output_tokens=0", "protocol.max_tool_output_tokens"),
         ("protocol.call_policy=strict_single", "protocol.max_calls_per_turn: must be 1 under call_policy=strict"),
@@ -168,6 +173,8 @@ def test_unknown_registry_names_list_the_known_ones():
         check_names(compose_cfg("protocol.format=json"))
     with pytest.raises(ConfigError, match="unknown sft.corpus 'nope'; known: synthetic_math, synthetic_tools"):
         check_names(compose_cfg("sft.corpus=nope"))
+    with pytest.raises(ConfigError, match="unknown loss aggregation 'bogus'; known: seq-mean-token-mean, seq-mean-t"):
+        check_names(compose_cfg("loss.agg=bogus"))
 
 
 def test_a_group_of_one_is_refused_where_the_baseline_is_the_group():
@@ -198,6 +205,7 @@ def _run_time_error_cases() -> list:
         ("data=jsonl data.path=missing.jsonl", "data error: missing.jsonl: cannot read it (No such file or directory)"),
         ("data=jsonl data.path=bad.jsonl", "data error: bad.jsonl:1: not valid JSON"),
         ("model.name_or_path=./no_such_checkpoint", "config error: model.name_or_path: no checkpoint directory"),
+        ("model.name_or_path=empty_dir", "config error: model.name_or_path: 'empty_dir' holds no saved model"),
         ("tools=code", "config error: tools.names: the tasks offer calculate_math, get_current_time, "),
     ]
     if not torch.cuda.is_available():
@@ -212,6 +220,7 @@ def test_cli_reports_bad_files_and_unusable_settings_in_one_line(overrides, mess
     """Errors found after the config is valid (a dataset file, a checkpoint, a device, an engine's package):
     one line naming the problem, exit status 2, no traceback."""
     (tmp_path / "bad.jsonl").write_text("{not json\n")
+    (tmp_path / "empty_dir").mkdir()
     model = [] if "model.name_or_path" in overrides else [f"model.name_or_path={tool_model_dir}"]
     cmd = [sys.executable, "-m", "minirl.train", *overrides.split(), *model, "logger=none", f"hydra.run.dir={tmp_path}"]
     proc = subprocess.run(

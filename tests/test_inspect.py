@@ -258,11 +258,18 @@ def test_html_escapes_model_text(run_dir):
         (["{empty}"], f"has no {TRAJECTORIES_FILE}"),
         (["{empty}", "--html"], f"{METRICS_FILE} does not exist"),
         (["{run}", "--step", "7"], "no trajectories at step 7; recorded steps: 10, 20"),
+        (["{run}", "--html", "{unwritable}"], "cannot write the report to"),
     ],
-    ids=["missing", "no_trajectories", "no_metrics", "unrecorded_step"],
+    ids=["missing", "no_trajectories", "no_metrics", "unrecorded_step", "unwritable_report"],
 )
 def test_cli_errors_are_one_line_and_exit_2(run_dir, tmp_path, args, message):
-    dirs = {"missing": tmp_path / "nope", "empty": tmp_path, "run": run_dir}
+    (tmp_path / "a_file").write_text("")
+    dirs = {
+        "missing": tmp_path / "nope",
+        "empty": tmp_path,
+        "run": run_dir,
+        "unwritable": tmp_path / "a_file" / "r.html",
+    }
     done = inspect(*(a.format(**dirs) for a in args))
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and message in done.stderr

@@ -13,7 +13,14 @@ from html import escape
 from pathlib import Path
 from statistics import fmean
 
-from minirl.inspection.files import METRICS_FILE, TRAJECTORIES_FILE, read_metrics, read_trajectories, select_records
+from minirl.inspection.files import (
+    METRICS_FILE,
+    TRAJECTORIES_FILE,
+    RunFileError,
+    read_metrics,
+    read_trajectories,
+    select_records,
+)
 from minirl.inspection.plots import Series, line_plot
 from minirl.inspection.record import (
     LOSS_LABEL,
@@ -210,6 +217,10 @@ def write_report(
     records = list(read_trajectories(trajectories)) if trajectories.exists() else []
     shown = select_records(records, steps, limit) if records or steps else []
     path = Path(out) if out is not None else run_dir / REPORT_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(str(run_dir), rows, records, shown), encoding="utf-8")
+    html = render_report(str(run_dir), rows, records, shown)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(html, encoding="utf-8")
+    except OSError as err:
+        raise RunFileError(f"cannot write the report to {path} ({err.strerror})") from None
     return path

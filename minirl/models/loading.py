@@ -51,9 +51,13 @@ def resolve_model_path(cfg: Config, console, warm_start: bool = True) -> str:
 
 def _from_pretrained(auto_class, path: str, **kwargs):
     """`auto_class.from_pretrained(path)`; a checkpoint that is neither a local directory nor on the hub (or
-    the hub is out of reach) is a ConfigError naming model.name_or_path, with the first line of the reason."""
-    if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().is_dir():
+    the hub is out of reach), or a directory with no saved model, is a ConfigError naming model.name_or_path,
+    with the first line of the reason."""
+    local = Path(path).expanduser()
+    if path.startswith(("/", "./", "../", "~")) and not local.is_dir():
         raise ConfigError(f"model.name_or_path: no checkpoint directory '{path}'")
+    if local.is_dir() and not (local / "config.json").is_file():
+        raise ConfigError(f"model.name_or_path: '{path}' holds no saved model (no config.json from save_pretrained)")
     try:
         return auto_class.from_pretrained(path, **kwargs)
     except OSError as err:
