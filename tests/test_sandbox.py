@@ -108,6 +108,8 @@ def test_exception_shows_stdout_then_the_traceback_of_the_models_code(executor):
 
 def test_a_failing_exit_without_stderr_says_its_status(executor):
     assert call(executor, "import sys\nprint('bye')\nsys.exit(3)") == ("error", "ToolError: bye\n[exit status 3]")
+    # 152 is also what a shell reads for SIGXCPU (128 + 24): an exit status, not a CPU-time kill
+    assert call(executor, "import sys\nsys.exit(152)") == ("error", "ToolError: [exit status 152]")
 
 
 def test_calls_are_stateless(executor):

@@ -55,14 +55,10 @@ class SandboxRun:
     """How one run ended, and what it printed."""
 
     output: str  # stdout then stderr, each cut with a marker when too long
-    exit_code: int  # 0: finished; 1: uncaught exception; 128 + N: killed by signal N
+    exit_code: int  # 0: finished; 1: uncaught exception; 128 + N: killed by signal N (as a shell reads it)
     stderr_bytes: int
     timed_out: bool  # killed at the wall-clock deadline
-
-    @property
-    def killed_by(self) -> int | None:
-        """The signal that killed the interpreter (exit codes above 128 read as the shell reads them)."""
-        return self.exit_code - 128 if self.exit_code > 128 else None
+    killed_by: int | None = None  # the signal that killed the interpreter; sys.exit(152) is no SIGXCPU
 
 
 @functools.cache
@@ -75,7 +71,8 @@ def namespace_prefix() -> tuple[str, ...]:
     command = (unshare, *_NAMESPACES)
     with tempfile.TemporaryDirectory(prefix="minirl-sandbox-probe-") as work:
         Path(work, SCRIPT).write_text("")
-        limits = (5, 256 << 20, 1 << 20, 64, 64, 10, 1)  # cpu_s, memory, file size, files, processes, wall_s, contain
+        # cpu_s, memory, file size, open files, processes, wall_s; contain the filesystem; no report pipe
+        limits = (5, 256 << 20, 1 << 20, 64, 64, 10, 1, -1)
         try:
             probe = subprocess.run(
                 [*command, *_interpreter(), *map(str, limits)], cwd=work, capture_output=True, timeout=10
@@ -103,11 +100,12 @@ def _environment(home: str) -> dict[str, str]:
     }
 
 
-def _command(limits: SandboxConfig, timeout_s: float) -> list[str]:
+def _command(limits: SandboxConfig, timeout_s: float, report_fd: int) -> list[str]:
     mb = 1 << 20
     rlimits = (limits.cpu_s, limits.memory_mb * mb, limits.file_mb * mb, limits.open_files, limits.processes)
     namespaces = namespace_prefix()
-    arguments = (*rlimits, math.ceil(timeout_s), int(bool(namespaces)))  # contain the filesystem in namespaces
+    # the filesystem is contained in namespaces; the init reports how the worker ended on report_fd
+    arguments = (*rlimits, math.ceil(timeout_s), int(bool(namespaces)), report_fd)
     return [*namespaces, *_interpreter(), *map(str, arguments)]
 
 
@@ -157,22 +155,35 @@ def run_python(code: str, limits: SandboxConfig, timeout_s: float) -> SandboxRun
         work, stdout, stderr = root / "work", root / "stdout", root / "stderr"
         work.mkdir()
         (work / SCRIPT).write_text(code, encoding="utf-8", errors="replace")
-        with stdout.open("wb") as out, stderr.open("wb") as err:
-            proc = subprocess.Popen(
-                _command(limits, timeout_s),
-                cwd=work,
-                env=_environment(str(work)),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
+        report, report_end = os.pipe()  # the interpreter's init writes "exit N" or "signal N" before it exits
+        try:
+            with stdout.open("wb") as out, stderr.open("wb") as err:
+                proc = subprocess.Popen(
+                    _command(limits, timeout_s, report_end),
+                    cwd=work,
+                    env=_environment(str(work)),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                    pass_fds=(report_end,),
+                )
+        finally:
+            os.close(report_end)
         timed_out = not _wait_then_kill(proc, timeout_s)
+        with os.fdopen(report, "rb") as f:
+            how, _, number = f.read(64).decode("ascii", errors="replace").partition(" ")
+        if how in ("exit", "signal") and number.isdigit():
+            exit_code, killed_by = (int(number), None) if how == "exit" else (128 + int(number), int(number))
+        else:  # the init itself was killed (at the deadline)
+            killed_by = -proc.returncode if proc.returncode < 0 else None
+            exit_code = proc.returncode if killed_by is None else 128 + killed_by
         return SandboxRun(
             output=_captured(stdout, stderr, limits.max_output_chars),
-            exit_code=128 - proc.returncode if proc.returncode < 0 else proc.returncode,
+            exit_code=exit_code,
             stderr_bytes=stderr.stat().st_size,
             timed_out=timed_out,
+            killed_by=killed_by,
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -1,11 +1,13 @@
 """What a sandboxed interpreter runs first: `python -B -s -S sandbox_child.py CPU_S AS FSIZE NOFILE NPROC WALL_S
-CONTAIN`, CONTAIN 1 when it runs in its own namespaces (`contain_filesystem` then runs first).
+CONTAIN REPORT_FD`, CONTAIN 1 when it runs in its own namespaces (`contain_filesystem` then runs first),
+REPORT_FD a pipe for how the worker ended (-1: none).
 
 Standard library only: the interpreter starts without site-packages, so minirl is not importable.
 
 The process forks once. The parent stays as a tiny init (pid 1 of the run's pid namespace when
 there is one: it ignores signals sent from inside, and when it exits the kernel kills whatever
-the run left behind) and exits with the worker's status, 128 + N when signal N killed it. It also
+the run left behind) and exits with the worker's status, 128 + N when signal N killed it, after writing
+"exit N" or "signal N" to REPORT_FD (the exit status alone cannot tell sys.exit(152) from SIGXCPU). It also
 kills the worker a second after WALL_S, in case the process that started the run died and cannot.
 The worker lowers its resource limits, installs an audit hook that refuses what the sandbox does not
 allow, and runs `main.py` from its working directory as `__main__`; an uncaught exception prints
@@ -214,17 +216,21 @@ def run_worker(limits: list[int]) -> None:
 
 
 def main() -> None:
-    *limits, wall_s, contain = (int(arg) for arg in sys.argv[1:])
+    *limits, wall_s, contain, report_fd = (int(arg) for arg in sys.argv[1:])
     if contain:
         contain_filesystem(os.path.realpath(os.getcwd()), limits[2])  # a tmpfs as large as one file may be
     worker = os.fork()
     if worker == 0:
+        if report_fd >= 0:
+            os.close(report_fd)  # the code cannot write the report
         run_worker(limits)
         return
     signal.signal(signal.SIGALRM, lambda *_: os.kill(worker, signal.SIGKILL))
     signal.alarm(wall_s + 1)
     _, status = os.waitpid(worker, 0)
     code = os.waitstatus_to_exitcode(status)
+    if report_fd >= 0:  # an exit status of 152 alone would read as SIGXCPU
+        os.write(report_fd, (f"exit {code}" if code >= 0 else f"signal {-code}").encode())
     os._exit(code if code >= 0 else 128 - code)
 
 
