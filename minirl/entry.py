@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.markup import escape
 
@@ -39,6 +40,32 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
                 raise ConfigError(f"unknown {key} '{choice}'; known: {', '.join(options)}")
 
 
+def check_value_overrides(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
+    """Set each plain `key=value` override on the schema before Hydra starts, so that a wrong type, a value
+    outside an enum or a key the schema lacks is one line naming the key (Hydra's own message spans several).
+    Group choices, sweeps, `+`/`~` edits, packages and hydra.* keys are left to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import HydraException
+
+    groups = {p.name for p in conf_dir.iterdir() if p.is_dir()}
+    try:
+        overrides = OverridesParser.create().parse_overrides([a for a in argv if "=" in a and not a.startswith("-")])
+    except HydraException:  # a syntax error: Hydra names it
+        return
+    schema = OmegaConf.structured(Config)
+    for override in overrides:
+        key = override.key_or_group
+        if override.type is not OverrideType.CHANGE or override.is_sweep_override() or override.package is not None:
+            continue
+        if key in groups or key.split(".")[0] == "hydra":
+            continue
+        try:
+            OmegaConf.update(schema, key, override.value(), merge=True)
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from None
+
+
 def run_entry(dict_cfg: DictConfig, job: Callable[[Config, Console], object]) -> None:
     from transformers.utils import logging as hf_logging
 
@@ -55,10 +82,11 @@ def run_entry(dict_cfg: DictConfig, job: Callable[[Config, Console], object]) ->
 
 
 def launch(main: Callable[[], None]) -> None:
-    """Run a @hydra.main function after the fast group-option check."""
+    """Run a @hydra.main function after the fast checks of group options and values."""
     register_configs()
     try:
         check_group_choices(sys.argv[1:])
+        check_value_overrides(sys.argv[1:])
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from minirl.config import Config, register_configs, to_config
-from minirl.entry import CONF_DIR, check_group_choices
+from minirl.entry import CONF_DIR, check_group_choices, check_value_overrides
 from minirl.registry import ConfigError
 from minirl.trainer import check_names
 
@@ -190,14 +190,33 @@ def test_unknown_group_option_is_one_line_with_the_options():
     check_group_choices(["loss=cispo", "-m", "loss=grpo,cispo", "rollout.max_turns=4", "experiment=null"])
 
 
-@pytest.mark.parametrize("override", ["rollout.max_turns=0", "loss=nope", "protocol=nope", "trainer.device=nope"])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.steps=1.5", "trainer.steps: Value '1.5' of type 'float' could not be converted to Integer"),
+        ("model.dtype=int8", "model.dtype: Invalid value 'int8', expected one of [float32, bfloat16, float16]"),
+        ("rollout.max_turnz=3", "rollout.max_turnz: Key 'max_turnz' not in 'RolloutConfig'"),
+        ("trainer.nan_loss_steps=[abc]", "trainer.nan_loss_steps: Value 'abc' of type 'str' could not be converted"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_one_line_naming_the_key(override, message):
+    with pytest.raises(ConfigError) as error:
+        check_value_overrides([override])
+    assert str(error.value).startswith(message)
+    # what Hydra itself handles passes: group choices, sweeps, additions, deletions, its own keys
+    check_value_overrides(["-m", "loss=grpo,cispo", "trainer.steps=2", "+trainer.x=1", "~trainer.seed", "hydra.a=b"])
+
+
+@pytest.mark.parametrize(
+    "override", ["rollout.max_turns=0", "loss=nope", "protocol=nope", "trainer.device=nope", "trainer.steps=1.5"]
+)
 def test_cli_rejects_bad_config_with_one_line(override, tmp_path):
     cmd = [sys.executable, "-m", "minirl.train", override]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(lines) == 1, lines
-    assert override.split("=")[0] in lines[0] and ("known:" in lines[0] or "must be" in lines[0])
+    assert override.split("=")[0] in lines[0] and any(word in lines[0] for word in ("known:", "must be", "Value"))
 
 
 def _run_time_error_cases() -> list:
