@@ -517,6 +517,18 @@ def test_the_event_stream_on_the_wire_ends_with_done(openai_server):
     assert {chunk["object"] for chunk in chunks} == {"chat.completion.chunk"}
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert all("usage" not in chunk for chunk in chunks)
+
+
+def test_with_include_usage_every_chunk_says_usage_and_only_the_last_has_it(openai_server):
+    body = {"model": openai_server.model_id, "messages": GREETING_PROMPT, "temperature": 0, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    with httpx.stream("POST", f"{openai_server.base_url}/chat/completions", json=body, timeout=WAIT_S) as response:
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert all(chunk["usage"] is None for chunk in chunks[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
 
 
 def test_tool_choice_none_renders_no_tools_and_reads_no_calls(chat):
@@ -616,6 +628,7 @@ BAD_REQUESTS = {  # id: (request fields over GREETING_PROMPT's, the param the er
     "max_tokens 0": ({"max_tokens": 0}, "max_tokens"),
     "empty stop string": ({"stop": [""]}, "stop"),
     "five stop strings": ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    "logprobs": ({"logprobs": True}, "logprobs"),
     "tool properties that are not an object": (
         {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"properties": ["x"]}}}]},
         "tools[0].function.parameters",

@@ -86,6 +86,7 @@ def create_app(scheduler: Scheduler, served: ServedModel, serve: ServeConfig, pr
             raise APIError(400, f"n must be <= {serve.max_batch_size} (serve.max_batch_size), got {body.n}", "n")
         for key in ("messages", "tools"):
             check_unicode(body.model_dump(include={key}, exclude_none=True).get(key), key)
+        body.check_supported()
         calls = body.calls_enabled()
         tools = template_tools(body.tools) if calls else None
         messages = template_messages(body.messages)
@@ -217,11 +218,11 @@ async def _stream(
     that disconnects cancels the generator and with it the job's rows."""
     try:
         for index in range(len(splitters)):
-            yield _sse(header.chunk(index, {"role": "assistant", "content": ""}))
+            yield _sse(header.chunk(index, {"role": "assistant", "content": ""}, usage_follows=include_usage))
         completion_tokens = 0
         async for delta in _choice_deltas(job, splitters):
             completion_tokens += delta.completion_tokens
-            yield _sse(header.chunk(delta.index, delta.delta_json(), delta.finish_reason))
+            yield _sse(header.chunk(delta.index, delta.delta_json(), delta.finish_reason, include_usage))
         if include_usage:
             yield _sse(header.usage_chunk(prompt_tokens, completion_tokens))
         yield "data: [DONE]\n\n"

@@ -102,11 +102,17 @@ class ChatCompletionRequest(_Lenient):
     n: int = Field(1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    logprobs: bool = False  # not served: true is a 400 rather than a reply without them
 
     @model_validator(mode="before")
     @classmethod
     def _null_is_not_given(cls, data: Any) -> Any:
         return {key: value for key, value in data.items() if value is not None} if isinstance(data, dict) else data
+
+    def check_supported(self) -> None:
+        """A 400 for what the request asks that this server does not do."""
+        if self.logprobs:
+            raise APIError(400, "logprobs are not supported by this server", "logprobs")
 
     def calls_enabled(self) -> bool:
         """Whether tools go into the prompt and calls are read from the reply; 400 for other choices."""
@@ -290,9 +296,12 @@ class ResponseHeader:
             "usage": usage_json(prompt_tokens, completion_tokens),
         }
 
-    def chunk(self, index: int, delta: dict, finish_reason: str | None = None) -> dict:
+    def chunk(self, index: int, delta: dict, finish_reason: str | None = None, usage_follows: bool = False) -> dict:
+        """One choice's delta; with usage_follows (stream_options.include_usage) it says `"usage": null`, as
+        OpenAI's chunks do before the last one carries the usage."""
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {**self._fields("chat.completion.chunk"), "choices": [choice]}
+        chunk = {**self._fields("chat.completion.chunk"), "choices": [choice]}
+        return {**chunk, "usage": None} if usage_follows else chunk
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
         return {
