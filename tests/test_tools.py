@@ -321,3 +321,20 @@ def test_tools_the_tasks_offer_must_be_tools_the_executor_runs():
     check_offered_tools([], [])
     with pytest.raises(ConfigError, match=r"^tools.names: the tasks offer unit_converter, which tools.names "):
         check_offered_tools(offered, ["calculate_math"])
+
+
+def test_a_tool_the_tasks_offer_with_other_arguments_than_it_checks_is_refused():
+    (shown,) = [tool.schema() for tool in build_tools(["calculate_math"]).values()]
+    reworded = json.loads(json.dumps(shown))
+    reworded["function"]["description"] = "Another description."
+    reworded["function"]["parameters"]["properties"]["expression"]["description"] = "Arithmetic."
+    check_offered_tools([reworded], ["calculate_math"])  # the same interface in other words
+    for change in (
+        lambda p: p["properties"].update(foo={"type": "integer"}),  # an argument the tool does not take
+        lambda p: p["properties"]["expression"].update(type="number"),  # another type
+        lambda p: p.update(required=[]),  # the expression made optional
+    ):
+        other = json.loads(json.dumps(shown))
+        change(other["function"]["parameters"])
+        with pytest.raises(ConfigError, match=r"^tools.names: the tasks offer calculate_math with parameters "):
+            check_offered_tools([other], ["calculate_math"])

@@ -66,16 +66,36 @@ def build_tools(names: Iterable[str], cfg: ToolsConfig | None = None) -> dict[st
     return {name: cls(cfg) if "cfg" in inspect.signature(cls).parameters else cls() for name, cls in classes.items()}
 
 
+def _interface(parameters: Any) -> tuple[list[tuple[str, str]], list[str]]:
+    """What a parameters schema asks of a call: ([(argument, its type)], required arguments), sorted."""
+    parameters = parameters if isinstance(parameters, dict) else {}
+    properties = parameters.get("properties") if isinstance(parameters.get("properties"), dict) else {}
+    types = sorted(
+        (key, json.dumps(spec.get("type") if isinstance(spec, dict) else None)) for key, spec in properties.items()
+    )
+    return types, sorted(map(str, parameters.get("required") or []))
+
+
 def check_offered_tools(offered: Iterable[dict], names: Collection[str]) -> None:
     """`offered`: the function schemas the tasks show the model; `names`: the tools the executor runs
-    (tools.names). A tool shown but not run would fail every call as unknown, so it is a ConfigError naming
-    both lists, raised before any model loads."""
+    (tools.names). A tool shown but not run would fail every call as unknown, and one shown with other
+    arguments than its tool checks would hold the model to an interface it never saw; either is a ConfigError,
+    raised before any model loads."""
+    offered = list(offered)
     missing = sorted({schema["function"]["name"] for schema in offered} - set(names))
     if missing:
         raise ConfigError(
             f"tools.names: the tasks offer {', '.join(missing)}, which tools.names ({', '.join(names)}) does not "
             "run; add them to tools.names or pick the tools group that matches the data"
         )
+    for schema in offered:
+        name, shown = schema["function"]["name"], schema["function"].get("parameters")
+        checked = TOOLS.get(name).parameters
+        if _interface(shown) != _interface(checked):
+            raise ConfigError(
+                f"tools.names: the tasks offer {name} with parameters {json.dumps(shown)}, but the {name} tool "
+                f"checks {json.dumps(checked)}; fix the data's schema or register a tool that matches it"
+            )
 
 
 # -- argument validation ------------------------------------------------------------------------
