@@ -13,10 +13,10 @@ import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from minirl.protocol.parsing import CallPolicy
 from minirl.registry import ConfigError
@@ -466,21 +466,23 @@ def _reject_unknown_keys(node: DictConfig, path: str = "") -> None:
             _reject_unknown_keys(child, full + ".")
 
 
-def _reject_non_finite(node: DictConfig | ListConfig, path: str = "") -> None:
-    """No option takes inf or nan (`trainer.lr=inf` would train on NaN weights until it crashed)."""
-    items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else enumerate(node._iter_ex(resolve=False))
-    for key, value in items:
-        full = f"{path}[{key}]" if isinstance(node, ListConfig) else f"{path}{'.' if path else ''}{key}"
-        if isinstance(value, (DictConfig, ListConfig)):
-            _reject_non_finite(value, full)
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{full}: must be a finite number, got {value}")
+def _reject_non_finite(value: Any, path: str = "") -> None:
+    """No option takes inf or nan (`trainer.lr=inf` would train on NaN weights until it crashed); `value` is
+    the config as plain containers."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _reject_non_finite(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _reject_non_finite(item, f"{path}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{path}: must be a finite number, got {value}")
 
 
 def to_config(cfg: DictConfig) -> Config:
     """Convert the composed config once; range checks run here. Raises ConfigError."""
     _reject_unknown_keys(cfg)
-    _reject_non_finite(cfg)
+    _reject_non_finite(OmegaConf.to_container(cfg, resolve=False))
     try:
         return OmegaConf.to_object(cfg)
     except ConfigError:

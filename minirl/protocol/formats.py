@@ -46,20 +46,28 @@ def _load_json(text: str) -> Any:
         raise json.JSONDecodeError("nested too deeply", text[:40], 0) from None
     except ValueError:
         raise json.JSONDecodeError("an integer with too many digits", text[:40], 0) from None
-    if _holds_surrogate(value):
+    if lone_surrogate_at(value) is not None:
         raise json.JSONDecodeError("a \\u escape of a lone surrogate", text[:40], 0)
     return value
 
 
-def _holds_surrogate(value: Any) -> bool:
-    """Whether a string in `value` (parsed JSON: keys included) holds a lone surrogate."""
+def lone_surrogate_at(value: Any, where: str = "") -> str | None:
+    """Where in `value` (JSON data, keys included) the first string holding a lone surrogate is, as a path
+    under `where` (e.g. `messages[0].content`; `where` itself for the top level); None if nowhere."""
     if isinstance(value, str):
-        return LONE_SURROGATE.search(value) is not None
+        return where if LONE_SURROGATE.search(value) else None
     if isinstance(value, dict):
-        return any(_holds_surrogate(key) or _holds_surrogate(item) for key, item in value.items())
+        for key, item in value.items():
+            path = f"{where}.{key}" if where else str(key)
+            found = path if LONE_SURROGATE.search(str(key)) else lone_surrogate_at(item, path)
+            if found is not None:
+                return found
     if isinstance(value, list):
-        return any(_holds_surrogate(item) for item in value)
-    return False
+        for i, item in enumerate(value):
+            found = lone_surrogate_at(item, f"{where}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 @CALL_FORMATS.register("hermes")

@@ -35,7 +35,6 @@ from minirl.serving.openai_api import (
     Choice,
     ChoiceDelta,
     ResponseHeader,
-    check_unicode,
     error_body,
     template_messages,
     template_tools,
@@ -84,8 +83,6 @@ def create_app(scheduler: Scheduler, served: ServedModel, serve: ServeConfig, pr
             raise APIError(404, message, "model", "model_not_found")
         if body.n > serve.max_batch_size:
             raise APIError(400, f"n must be <= {serve.max_batch_size} (serve.max_batch_size), got {body.n}", "n")
-        for key in ("messages", "tools"):
-            check_unicode(body.model_dump(include={key}, exclude_none=True).get(key), key)
         body.check_supported()
         calls = body.calls_enabled()
         tools = template_tools(body.tools) if calls else None

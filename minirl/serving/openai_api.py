@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from minirl.protocol.formats import read_name_and_arguments
+from minirl.protocol.formats import lone_surrogate_at, read_name_and_arguments
 from minirl.protocol.parsing import ToolCall
 
 MAX_STOP_STRINGS = 4
@@ -110,9 +110,13 @@ class ChatCompletionRequest(_Lenient):
         return {key: value for key, value in data.items() if value is not None} if isinstance(data, dict) else data
 
     def check_supported(self) -> None:
-        """A 400 for what the request asks that this server does not do."""
+        """A 400 for what the request asks that this server does not do: logprobs, and text no tokenizer can
+        encode (a lone surrogate such as "\\ud800" in the messages or tools, which JSON can carry)."""
         if self.logprobs:
             raise APIError(400, "logprobs are not supported by this server", "logprobs")
+        where = lone_surrogate_at(self.model_dump(include={"messages", "tools"}, exclude_none=True))
+        if where is not None:
+            raise APIError(400, f"{where} is not valid Unicode text (it holds a lone surrogate)", where)
 
     def calls_enabled(self) -> bool:
         """Whether tools go into the prompt and calls are read from the reply; 400 for other choices."""
@@ -136,22 +140,6 @@ class ChatCompletionRequest(_Lenient):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-
-def check_unicode(value: Any, where: str) -> None:
-    """A 400 naming `where` (e.g. messages[0].content) for a string in `value` (JSON data) that is not Unicode
-    text: a lone surrogate such as "\\ud800", which JSON can carry but no tokenizer can encode."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise APIError(400, f"{where} is not valid Unicode text (it holds a lone surrogate)", where) from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            check_unicode(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            check_unicode(item, f"{where}[{i}]")
 
 
 def _text(content: Any, where: str) -> str | None:
