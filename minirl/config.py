@@ -248,6 +248,9 @@ class AlgoConfig:
     # max_resample_rounds more rounds until trainer.prompts_per_step groups are kept, and drop the surplus
     dynamic_sampling: bool = True
     max_resample_rounds: int = 0
+    # off-policy guidance (LUFFY): in a group whose rewards all tie below what its task's reference answer earns,
+    # the last sample is replaced by that reference, played through the agent loop; tasks without one are left as is
+    guide: bool = True
     prompts_per_round: int = 0  # prompts each round rolls out (verl's gen_batch_size); 0 = trainer.prompts_per_step
     # trajectories cut by rollout.max_new_tokens or rollout.max_total_tokens: off | mask (no loss) | penalty
     # (DAPO's soft overlong punishment: from overlong_buffer tokens before the nearer limit down to -overlong_penalty)
@@ -321,7 +324,7 @@ class LRSchedule(str, Enum):
 @dataclass
 class TrainerConfig:
     steps: int = 50
-    prompts_per_step: int = 20  # tasks per step, group_size samples each; dynamic sampling drops the groups that tie
+    prompts_per_step: int = 14  # tasks per step, group_size samples each; dynamic sampling drops the groups that tie
     lr: float = 3e-4
     lr_schedule: LRSchedule = LRSchedule.cosine
     warmup_steps: int = 0

@@ -64,13 +64,15 @@ def heldout_metrics(trajs: list[Trajectory], solved: SuccessCriterion, prefix: s
 
 
 def group_metrics(sampled: list[Trajectory], kept: list[Trajectory], group_size: int) -> dict[str, float]:
-    """Groups of this step: the share whose rewards all tie (no GRPO signal) among all sampled, and how many
-    were sampled and kept for the update (they differ under algo.dynamic_sampling). Groups are contiguous."""
+    """Groups of this step: the share whose rewards all tie (no GRPO signal) among all sampled, how many were
+    sampled and kept for the update (they differ under algo.dynamic_sampling), and how many of the kept ones
+    hold their task's replayed reference (algo.guide: one per guided group). Groups are contiguous."""
     tied = tied_groups(torch.tensor([t.reward for t in sampled]), group_size)  # [groups sampled]
     return {
         "reward/zero_std_frac": int(tied.sum()) / len(tied),
         "algo/groups_sampled": float(len(tied)),
         "algo/groups_kept": float(len(kept) // group_size),
+        "algo/groups_guided": float(sum(t.off_policy for t in kept)),
     }
 
 

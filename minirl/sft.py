@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from minirl.config import Config, SFTConfig
 from minirl.decoding import prompt_shared_logits
-from minirl.protocol.chat import TemplateError, render
+from minirl.protocol.chat import TemplateError, assistant_turn, render
 
 
 @dataclass
@@ -42,16 +42,10 @@ def tokenize_conversation(tokenizer, messages: Sequence[dict], tools: Sequence[d
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        start = len(render(tokenizer, messages[:i], tools, add_generation_prompt=True))
-        upto = render(tokenizer, messages[: i + 1], tools, add_generation_prompt=False)
-        if ids[: len(upto)] != upto:
+        start, tokens = assistant_turn(tokenizer, messages[: i + 1], tools)
+        if ids[start : start + len(tokens)] != tokens:
             raise TemplateError("chat template rewrites history; cannot locate assistant tokens")
-        span = upto[start:]
-        # stop after the end-of-turn token: what the template adds after it (a newline) is not the model's
-        end = start + (
-            len(span) - span[::-1].index(tokenizer.eos_token_id) if tokenizer.eos_token_id in span else len(span)
-        )
-        mask[start:end] = [1] * (end - start)
+        mask[start : start + len(tokens)] = [1] * len(tokens)
     return SFTExample(ids, mask, system_length)
 
 

@@ -54,7 +54,7 @@ from minirl.models.loading import load_model, load_tokenizer, resolve_device, re
 from minirl.protocol.formats import CALL_FORMATS
 from minirl.registry import ConfigError
 from minirl.rewards import SUCCESS_CRITERIA, check_weights, score_all
-from minirl.rollout.agent_loop import AgentLimits, run_agent
+from minirl.rollout.agent_loop import AgentLimits, replay_reference, run_agent
 from minirl.rollout.engine import ENGINES, SamplingParams, build_engine
 from minirl.rollout.trajectory import Trajectory
 from minirl.sampling import warped
@@ -322,12 +322,14 @@ class Trainer:
         contiguous in both.
 
         Under algo.overlong=penalty the rewards include DAPO's soft overlong punishment (punish_overlong).
-        Without dynamic sampling a step rolls out prompts_per_step prompts and learns from all of them. Dynamic
-        sampling (DAPO, algo.dynamic_sampling) rolls out rounds of algo.prompts_per_round prompts (default
-        prompts_per_step), drops the groups whose rewards all tie, and stops once prompts_per_step groups are
-        kept or after algo.max_resample_rounds extra rounds; the surplus is dropped. One large round costs less
-        than several small ones (one decoding loop). Unlike DAPO, which samples until the batch is full, the
-        batch may end short or empty (the step then makes no update); group_metrics counts both.
+        Under algo.guide a group that all failed learns from its task's reference answer (guided); `sampled`
+        keeps what the policy sampled. Without dynamic sampling a step rolls out prompts_per_step prompts and
+        learns from all of them. Dynamic sampling (DAPO, algo.dynamic_sampling) rolls out rounds of
+        algo.prompts_per_round prompts (default prompts_per_step), drops the groups whose rewards all tie, and
+        stops once prompts_per_step groups are kept or after algo.max_resample_rounds extra rounds; the surplus
+        is dropped. One large round costs less than several small ones (one decoding loop). Unlike DAPO, which
+        samples until the batch is full, the batch may end short or empty (the step then makes no update);
+        group_metrics counts both.
         """
         cfg, algo = self.cfg, self.cfg.algo
         size, wanted = cfg.rollout.group_size, cfg.trainer.prompts_per_step * cfg.rollout.group_size
@@ -339,6 +341,8 @@ class Trainer:
             if algo.overlong is Overlong.penalty:
                 self.punish_overlong(trajs)
             sampled += trajs
+            if algo.guide:
+                trajs = self.guided(trajs)
             if not algo.dynamic_sampling:
                 return sampled, trajs
             tied = tied_groups(torch.tensor([t.reward for t in trajs]), size)  # [prompts_per_step]
@@ -346,6 +350,27 @@ class Trainer:
             if len(kept) >= wanted:
                 break
         return sampled, kept[:wanted]
+
+    def guided(self, trajs: list[Trajectory]) -> list[Trajectory]:
+        """trajs with the last member of each group whose rewards all tie replaced by the task's reference answer
+        (replay_reference, scored like a sample) where that earns more than the group: off-policy guidance
+        (docs/algorithms.md). The group then has something to teach, however rarely the policy solves the task."""
+        cfg, size = self.cfg, self.cfg.rollout.group_size
+        out = list(trajs)
+        tied = tied_groups(torch.tensor([t.reward for t in trajs]), size)  # [groups]
+        for group in tied.nonzero().flatten().tolist():
+            last = trajs[group * size + size - 1]
+            if not last.task.reference:
+                continue
+            guide = replay_reference(
+                last.task, last.group_index, self.tokenizer, self.executor, self.limits, cfg.protocol
+            )
+            score_all([guide], cfg.reward)
+            if cfg.algo.overlong is Overlong.penalty:
+                self.punish_overlong([guide])
+            if guide.reward > last.reward:
+                out[group * size + size - 1] = guide
+        return out
 
     def punish_overlong(self, trajs: list[Trajectory]) -> None:
         """Add DAPO's soft overlong punishment (minirl/algos/dapo.py) to each reward, after reward.clip; it is
@@ -361,6 +386,11 @@ class Trainer:
         """Advantages of the kept groups, then ppo_epochs x mini_batches optimizer steps, then weight sync."""
         cfg = self.cfg
         batch = collate(trajs, torch.zeros(len(trajs)), self.tokenizer.pad_token_id)  # advantages set below
+        replayed = torch.tensor([t.off_policy for t in trajs])  # [N]
+        if replayed.any():  # no sampler drew them: pi_old is the policy now, so their ratios start at 1
+            self.policy.eval()
+            now = self.batch_logprobs(self.policy, batch, [replayed.nonzero().flatten()])
+            batch.old_logp[replayed] = now[replayed]
         batch.ref_logp = self.reference_logprobs(batch)  # [N, T] or None
         rewards, kl_metrics = self.shaped_rewards(trajs, batch)  # minus the KL with algo.kl_in_reward
         batch.advantages = advantages = self.adv_fn(rewards, cfg.rollout.group_size, cfg.algo.adv_eps)  # advantage

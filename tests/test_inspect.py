@@ -4,6 +4,7 @@ in the console, by `python -m minirl.inspect` and as the HTML report."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -29,10 +30,12 @@ from minirl.inspection import (
     render_report,
     token_view,
     trajectory_panel,
+    trajectory_record,
     trajectory_table,
     write_trajectories,
 )
 from minirl.inspection.plots import Series, line_plot, nice_ticks
+from minirl.inspection.record import outcome_fields
 from minirl.inspection.terminal import LOSS_STYLE, MASKED_STYLE
 from minirl.models.loading import load_model, load_tokenizer
 from minirl.rewards import SUCCESS_CRITERIA, score_all
@@ -161,6 +164,15 @@ def test_records_hold_the_conversation_reward_and_loss_mask(rollout, run_dir):
     observation = "".join(text for text, mask in calc["response"] if not mask)
     assert '"9472"' in results[0]["content"] and results[0]["content"] in observation
     assert "<tool_response>" in observation and "<tool_call>" not in observation
+
+
+def test_a_replayed_reference_answer_is_labelled_as_the_tasks_in_its_record(rollout):
+    tokenizer, trajs, advantages = rollout
+    sampled = trajectory_record(trajs[0], 1, advantages[0], tokenizer)
+    replayed = trajectory_record(dataclasses.replace(trajs[0], off_policy=True), 1, advantages[0], tokenizer)
+    assert sampled["off_policy"] is False and replayed["off_policy"] is True
+    assert dict(outcome_fields(sampled))["from"] == "the policy"
+    assert dict(outcome_fields(replayed))["from"] == "the task's reference answer (algo.guide)"
 
 
 def test_limit_keeps_the_first_trajectories(rollout, tmp_path):

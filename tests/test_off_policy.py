@@ -221,7 +221,7 @@ def test_overlong_penalty_is_dapos_soft_punishment():
         (["algo.overlong=penalty", "algo.overlong_buffer=96"], "algo.overlong_buffer: must be < rollout.max_new"),
         (["algo.overlong_penalty=-1"], "algo.overlong_penalty"),
         (["trainer.mini_batches=0"], "trainer.mini_batches: must be > 0"),
-        (["trainer.mini_batches=161"], "trainer.mini_batches: must be <= 160"),  # 20 prompts x 8 samples
+        (["trainer.mini_batches=113"], "trainer.mini_batches: must be <= 112"),  # 14 prompts x 8 samples
     ],
 )
 def test_bad_off_policy_settings_name_the_key(overrides, message):

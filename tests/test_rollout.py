@@ -14,9 +14,10 @@ from minirl.data.synthetic_tools import train_heldout_split
 from minirl.data.task import Task
 from minirl.protocol.chat import render
 from minirl.protocol.parsing import CallPolicy, TurnKind
-from minirl.rollout.agent_loop import AgentLimits, run_agent
+from minirl.rollout.agent_loop import AgentLimits, replay_reference, run_agent
 from minirl.rollout.engine import ENGINES, Completion, SamplingParams
 from minirl.rollout.trajectory import FinishReason
+from minirl.sft import tokenize_conversation
 from minirl.tools import ToolExecutor, build_tools
 from minirl.tools.minimind import MINIMIND_TOOL_NAMES
 
@@ -127,6 +128,23 @@ def test_three_turns_keep_sampled_tokens_mask_and_logprobs(tokenizer, executor, 
         results = [r for turn in t.turns[:2] for r in turn.tool_results]
         assert len(results) == 2 and text.count("<tool_response>") == 2
         assert all(r.content in text for r in results)
+
+
+def test_a_replayed_reference_is_the_sft_conversation_with_the_assistant_tokens_as_actions(tokenizer, executor):
+    train, _ = train_heldout_split(50, 12, seed=3)
+    limits = AgentLimits(max_turns=3, max_new_tokens=256, max_total_tokens=2048, max_tool_calls=8)
+    for kind in ("single", "double", "no_tool"):
+        task = next(t for t in train if t.kind == kind and t.gt)
+        traj = replay_reference(task, 5, tokenizer, executor, limits, HERMES)
+        assert traj.off_policy and traj.group_index == 5 and traj.finish_reason is FinishReason.ANSWER
+        assert traj.num_tool_calls == task.expected_tool_calls
+        # token for token what the warm start trains on, the same tokens masked in as actions
+        sft = tokenize_conversation(tokenizer, task.conversation, task.tools)
+        ids, end = traj.prompt_ids + traj.response_ids, len(traj.prompt_ids) + len(traj.response_ids)
+        assert ids == sft.input_ids[:end] and not any(sft.loss_mask[end:])  # the template's closing newline
+        assert traj.action_mask == sft.loss_mask[len(traj.prompt_ids) : end]
+        assert traj.sampler_logprobs == [0.0] * len(traj.response_ids)  # no sampler drew it
+        assert traj.final_text == task.reference[-1]["content"] and all(v in traj.final_text for v in task.gt)
 
 
 def test_groups_are_contiguous(tokenizer, executor, tasks):

@@ -247,6 +247,7 @@ def test_entropy_is_the_policys_mean_over_action_tokens(cache_dir, tmp_path):
 
 def test_token_rollout_is_weights_reach_the_loss_capped(cache_dir, tmp_path):
     overrides = ["loss.beta=0", "trainer.micro_batch_size=4", "algo.old_logprobs=recompute", "algo.rollout_is=token"]
+    overrides.append("algo.guide=false")  # four sampled trajectories, no replayed reference among them
     trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides, "algo.rollout_is_threshold=1.5"), console=None)
     calls = record_loss_calls(trainer)
     _, trajs = trainer.sample_groups()
@@ -266,6 +267,7 @@ def test_token_rollout_is_weights_reach_the_loss_capped(cache_dir, tmp_path):
 
 def test_sequence_rollout_is_masks_exactly_the_out_of_range_trajectories(cache_dir, tmp_path):
     overrides = ["loss.beta=0", "trainer.micro_batch_size=4", "algo.old_logprobs=recompute", "algo.rollout_is=sequence"]
+    overrides.append("algo.guide=false")  # four sampled trajectories, no replayed reference among them
     trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides), console=None)  # threshold 2: keep [0.5, 2]
     calls = record_loss_calls(trainer)
     _, trajs = trainer.sample_groups()
@@ -281,7 +283,8 @@ def test_sequence_rollout_is_masks_exactly_the_out_of_range_trajectories(cache_d
 
 
 def scripted_rewards(monkeypatch, rounds: list[list[float]]) -> None:
-    """Replace the trainer's scoring: the k-th call gives its trajectories the k-th list of rewards."""
+    """Replace the trainer's scoring: the k-th call gives its trajectories the k-th list of rewards. (A trainer
+    under algo.guide also scores the references it replays.)"""
     queue = list(rounds)
 
     def score_all(trajs, cfg):
@@ -292,15 +295,16 @@ def scripted_rewards(monkeypatch, rounds: list[list[float]]) -> None:
 
 
 def test_dynamic_sampling_drops_tied_groups_counts_them_and_refills(cache_dir, tmp_path, monkeypatch):
-    cfg = debug_config(cache_dir, tmp_path, "algo.dynamic_sampling=true", "algo.max_resample_rounds=2", "loss.beta=0")
-    trainer = Trainer(cfg, console=None)
+    overrides = ("algo.dynamic_sampling=true", "algo.max_resample_rounds=2", "loss.beta=0", "algo.guide=false")
+    trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides), console=None)
     # two groups of two per round: (tied, differs), (tied, tied), (differs, tied)
     scripted_rewards(monkeypatch, [[1, 1, 0, 1], [0, 0, 2, 2], [0.5, 1, 3, 3]])
     sampled, kept = trainer.sample_groups()
     assert len(sampled) == 12
     assert [id(t) for t in kept] == [id(t) for t in sampled[2:4] + sampled[8:10]]
     assert group_metrics(sampled, kept, 2) == {
-        "reward/zero_std_frac": 4 / 6, "algo/groups_sampled": 6.0, "algo/groups_kept": 2.0
+        "reward/zero_std_frac": 4 / 6, "algo/groups_sampled": 6.0, "algo/groups_kept": 2.0,
+        "algo/groups_guided": 0.0,
     }  # fmt: skip
 
     trainer.cfg.algo.max_resample_rounds = 0  # drop only: the batch ends short
@@ -309,8 +313,40 @@ def test_dynamic_sampling_drops_tied_groups_counts_them_and_refills(cache_dir, t
     assert [id(t) for t in kept] == [id(t) for t in sampled[2:4]]
 
 
+def test_guidance_replaces_one_member_of_each_group_that_failed_and_starts_it_at_ratio_one(cache_dir, tmp_path):
+    overrides = ("algo.guide=true", "algo.dynamic_sampling=true", "loss.beta=0", "rollout.max_new_tokens=96")
+    cfg = debug_config(cache_dir, tmp_path, *overrides)  # turns long enough for every reference
+    trainer = Trainer(cfg, console=None)
+    size = cfg.rollout.group_size
+    sampled, kept = trainer.sample_groups()
+    # the untrained debug model solves nothing: every group ties at 0, and a reference that states the gt earns 1
+    assert not any(t.off_policy or t.reward for t in sampled)
+    groups = [sampled[start : start + size] for start in range(0, len(sampled), size)]
+    failed = [group for group in groups if group[0].task.gt]  # a greeting has no gt: its reference earns 0 too
+    assert failed and len(kept) == len(failed) * size
+    assert group_metrics(sampled, kept, size)["algo/groups_guided"] == len(failed)
+    for start, group in zip(range(0, len(kept), size), failed):
+        members = kept[start : start + size]
+        assert [id(t) for t in members[:-1]] == [id(t) for t in group[:-1]]
+        guide = members[-1]
+        assert guide.off_policy and guide.reward == 1.0
+        assert guide.task is group[0].task and guide.group_index == group[0].group_index
+    metrics = trainer.learn(kept)
+    # pi_old of a replayed answer is the policy itself, so its ratios start at 1 as the samples' do
+    assert metrics["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-4) and metrics["adv/max"] > 0
+
+
+def test_guidance_leaves_a_group_whose_rewards_differ_as_it_was(cache_dir, tmp_path, monkeypatch):
+    cfg = debug_config(cache_dir, tmp_path, "algo.guide=true", "algo.dynamic_sampling=true", "loss.beta=0")
+    trainer = Trainer(cfg, console=None)
+    scripted_rewards(monkeypatch, [[0, 1, 0, 0], [1]])  # (differs, tied), then the reference of the tied group
+    sampled, kept = trainer.sample_groups()
+    assert [id(t) for t in kept[:3]] == [id(t) for t in sampled[:3]] and kept[3].off_policy
+
+
 def test_a_round_larger_than_the_batch_keeps_the_first_groups_that_differ(cache_dir, tmp_path, monkeypatch):
     overrides = ("algo.dynamic_sampling=true", "algo.prompts_per_round=3", "algo.max_resample_rounds=1", "loss.beta=0")
+    overrides += ("algo.guide=false",)
     trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides), console=None)
     # one round of three groups of two: (differs, tied, differs); two groups kept, so no second round
     scripted_rewards(monkeypatch, [[0, 1, 1, 1, 1, 0]])

@@ -7,7 +7,7 @@
                    "tool_calls": [{"id": "call_0_0", "name": "calculate_math", "arguments": {...}}]},
                   {"role": "tool", "tool_call_id": "call_0_0", "name": "calculate_math", "status": "ok",
                    "content": "{\"result\": \"9472\"}"}, ...],
-     "finish_reason": "answer", "success": true,
+     "finish_reason": "answer", "success": true, "off_policy": false,
      "reward": 2.5, "reward_terms": {"gt_hit": 2.5, ...}, "advantage": 0.71,
      "tokens": {"prompt": 143, "response": 88, "sampled": 61, "observation": 27},
      "response": [["<tool_call>...</tool_call><|im_end|>", 1], ["\n<|im_start|>user\n<tool_response>...", 0], ...]}
@@ -17,7 +17,8 @@ assistant turn (its raw sampled text, how it parsed, the calls read from it, and
 invalid turn) followed by its tool results. `response` is the response decoded in runs of consecutive
 tokens with the same loss-mask value: 1 for tokens the policy sampled (they carry the loss), 0 for what the
 framework added (template tokens closing a turn, tool observations, the next turn's header). The runs
-concatenate to the decoded response; `observation` counts the mask-0 tokens.
+concatenate to the decoded response; `observation` counts the mask-0 tokens. `off_policy` marks the task's
+reference answer replayed in place of a sample (algo.guide): its mask-1 tokens are the reference's.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def trajectory_record(
         + [m for turn in traj.turns for m in _turn_messages(turn)],
         "finish_reason": traj.finish_reason.value if traj.finish_reason else None,
         "success": bool(solved(traj)) if solved else None,
+        "off_policy": traj.off_policy,
         "reward": float(traj.reward),
         "reward_terms": {name: float(value) for name, value in traj.reward_terms.items()},
         "advantage": float(advantage),
@@ -124,10 +126,11 @@ def call_signature(call: dict) -> str:
 
 
 def outcome_fields(record: dict) -> list[tuple[str, str]]:
-    """(label, value) pairs a viewer shows under the conversation: end reason, success, reward, advantage,
-    every reward term (weighted), token counts."""
+    """(label, value) pairs a viewer shows under the conversation: who wrote it, end reason, success, reward,
+    advantage, every reward term (weighted), token counts."""
     tokens = record["tokens"]
     return [
+        ("from", "the task's reference answer (algo.guide)" if record.get("off_policy") else "the policy"),
         ("end", str(record["finish_reason"])),
         ("success", {True: "yes", False: "no", None: "not recorded"}[record["success"]]),
         ("reward", f"{record['reward']:+.2f}"),

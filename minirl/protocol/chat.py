@@ -105,3 +105,15 @@ def next_prompt(
     overlap = suffix_prefix_overlap(completion, deltas.closing)
     added = [*deltas.closing[overlap:], *deltas.observation]
     return [*previous_prompt, *completion, *added], added
+
+
+def assistant_turn(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None) -> tuple[int, list[int]]:
+    """For `messages` ending with an assistant message: (where its tokens start in the rendering of
+    `messages`, the tokens a model writes for it). Those are what the template renders after the
+    generation prompt, up to and including the end-of-turn token; what follows that token (a newline)
+    is the template's, not the model's."""
+    prompt = render(tokenizer, messages[:-1], tools, add_generation_prompt=True)
+    rendered = render(tokenizer, messages, tools, add_generation_prompt=False)
+    span = _strip_prefix(rendered, prompt, "assistant message")
+    eos = tokenizer.eos_token_id
+    return len(prompt), span[: len(span) - span[::-1].index(eos)] if eos in span else span

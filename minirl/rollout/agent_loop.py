@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from minirl.config import ProtocolConfig, RolloutConfig
 from minirl.data.task import Task
-from minirl.protocol.chat import next_prompt, render, turn_deltas
+from minirl.protocol.chat import assistant_turn, next_prompt, render, turn_deltas
 from minirl.protocol.observation import tool_messages
 from minirl.protocol.parsing import TurnKind, parse_turn
-from minirl.rollout.engine import Engine, SamplingParams
+from minirl.rollout.engine import Completion, Engine, SamplingParams
 from minirl.rollout.trajectory import FinishReason, Trajectory, Turn
 from minirl.tools.base import ToolExecutor
 
@@ -151,3 +151,29 @@ def _advance(
     traj.sampler_logprobs += [0.0] * len(added)
     state.history += [_assistant_message(turn), *observations]
     state.prompt = prompt
+
+
+def replay_reference(
+    task: Task,
+    group_index: int,
+    tokenizer,
+    executor: ToolExecutor,
+    limits: AgentLimits,
+    protocol: ProtocolConfig,
+) -> Trajectory:
+    """The task's reference answer played through the agent loop as if the policy had sampled it: each
+    reference assistant message becomes the tokens the chat template renders for it (end-of-turn token
+    included), parsed, its calls run by the executor, and the observations appended token-in / token-out,
+    as in run_agent. Its sampler log-probs are 0: no sampler drew it (`off_policy` is set)."""
+    prompt = render(tokenizer, task.messages, task.tools, add_generation_prompt=True)
+    state = _Live(Trajectory(task, group_index, list(prompt), off_policy=True), list(prompt), list(task.messages))
+    replies = [m for m in task.reference if m["role"] == "assistant"]
+    for turn_index, message in enumerate(replies[: limits.max_turns]):
+        _, tokens = assistant_turn(tokenizer, [*state.history, message], task.tools)
+        tokens = tokens[: limits.max_new_tokens]
+        stopped = bool(tokens) and tokens[-1] == tokenizer.eos_token_id
+        completion = Completion(tokens, [0.0] * len(tokens), stopped)
+        _advance(state, completion, turn_index, tokenizer, executor, limits, protocol)
+        if state.traj.done:
+            break
+    return state.traj

@@ -52,6 +52,7 @@ class Trajectory:
     reward_terms: dict[str, float] = field(default_factory=dict)
     advantage: float = 0.0  # set by the trainer for the trajectories it learns from
     error: str = ""  # why the policy could not be reached, under FinishReason.ERROR
+    off_policy: bool = False  # the task's reference answer replayed (replay_reference), not sampled
 
     @property
     def done(self) -> bool:
