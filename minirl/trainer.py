@@ -109,7 +109,7 @@ class PolicyBatch:
     # [N, L - 1 - start] log pi_old of the target tokens: the sampler's (collate), or the trainer's own
     # recomputation under algo.old_logprobs=recompute (Trainer.prepare_batch)
     old_logp: torch.Tensor
-    mask: torch.Tensor  # [N, L - 1 - start] 1.0 where the target token was sampled by the policy
+    mask: torch.Tensor  # [N, L - 1 - start] 1.0 at action tokens: sampled by the policy, or a replayed reference's
     advantages: torch.Tensor  # [N]
     prompt_lengths: torch.Tensor  # [N] tokens of each row's prompt (a group's rows share theirs)
     ref_logp: torch.Tensor | None = None  # [N, L - 1 - start] frozen reference's log-probs; None without one

@@ -37,7 +37,8 @@ class Trajectory:
 
     `response_ids`, `action_mask` and `sampler_logprobs` have the same length R: everything the
     conversation added after the first prompt. action_mask[i] == 1 exactly for tokens the policy
-    sampled; framework-added closing tokens and tool observations have mask 0 and logprob 0.0.
+    sampled (in a replayed reference answer, `off_policy`, the reference's assistant tokens);
+    framework-added closing tokens and tool observations have mask 0 and logprob 0.0.
     """
 
     task: Task
