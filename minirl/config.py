@@ -249,7 +249,8 @@ class AlgoConfig:
     dynamic_sampling: bool = True
     max_resample_rounds: int = 0
     # off-policy guidance (LUFFY): in a group whose rewards all tie below what its task's reference answer earns,
-    # the last sample is replaced by that reference, played through the agent loop; tasks without one are left as is
+    # the last sample is replaced by that reference, played through the agent loop; a task without a reference,
+    # or whose reference does not replay as written (a limit, a rejected call), and groups of one are left as is
     guide: bool = True
     prompts_per_round: int = 0  # prompts each round rolls out (verl's gen_batch_size); 0 = trainer.prompts_per_step
     # trajectories cut by rollout.max_new_tokens or rollout.max_total_tokens: off | mask (no loss) | penalty

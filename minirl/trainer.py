@@ -51,12 +51,13 @@ from minirl.inspection import (
 )
 from minirl.metrics import advantage_metrics, group_metrics, heldout_metrics, rollout_metrics
 from minirl.models.loading import load_model, load_tokenizer, resolve_device, resolve_model_path
+from minirl.protocol.chat import TemplateError
 from minirl.protocol.formats import CALL_FORMATS
 from minirl.registry import ConfigError
 from minirl.rewards import SUCCESS_CRITERIA, check_weights, score_all
 from minirl.rollout.agent_loop import AgentLimits, replay_reference, run_agent
 from minirl.rollout.engine import ENGINES, SamplingParams, build_engine
-from minirl.rollout.trajectory import Trajectory
+from minirl.rollout.trajectory import FinishReason, Trajectory
 from minirl.sampling import warped
 from minirl.tools import TOOLS, ToolExecutor, import_tool_modules
 from minirl.tools.base import check_offered_tools
@@ -309,12 +310,14 @@ class Trainer:
 
     def shaped_rewards(self, trajs: list[Trajectory], batch: PolicyBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """[N] the rewards the advantages see: with algo.kl_in_reward, r - kl_coef * the trajectory's KL to the
-        reference (summed over its sampled tokens, under the policy that sampled them); and its metrics."""
+        reference (summed over its sampled tokens, under the policy that sampled them; none for a replayed
+        reference answer, which no policy sampled); and its metrics."""
         rewards = torch.tensor([t.reward for t in trajs])
         algo = self.cfg.algo
         if not algo.kl_in_reward:
             return rewards, {}
         kl = sequence_kl(batch.old_logp, batch.ref_logp, batch.mask, algo.kl_estimator)  # [N]
+        kl = kl * ~torch.tensor([t.off_policy for t in trajs])
         return rewards - algo.kl_coef * kl, {"kl/in_reward": kl.mean().item()}
 
     def sample_groups(self) -> tuple[list[Trajectory], list[Trajectory]]:
@@ -355,22 +358,36 @@ class Trainer:
         """trajs with the last member of each group whose rewards all tie replaced by the task's reference answer
         (replay_reference, scored like a sample) where that earns more than the group: off-policy guidance
         (docs/algorithms.md). The group then has something to teach, however rarely the policy solves the task."""
-        cfg, size = self.cfg, self.cfg.rollout.group_size
+        size = self.cfg.rollout.group_size
         out = list(trajs)
+        if size < 2:  # a group of one has no sample to compare the reference with
+            return out
         tied = tied_groups(torch.tensor([t.reward for t in trajs]), size)  # [groups]
         for group in tied.nonzero().flatten().tolist():
             last = trajs[group * size + size - 1]
-            if not last.task.reference:
-                continue
-            guide = replay_reference(
-                last.task, last.group_index, self.tokenizer, self.executor, self.limits, cfg.protocol
-            )
-            score_all([guide], cfg.reward)
-            if cfg.algo.overlong is Overlong.penalty:
-                self.punish_overlong([guide])
-            if guide.reward > last.reward:
+            guide = self.replayed(last.task, last.group_index)
+            if guide is not None and guide.reward > last.reward:
                 out[group * size + size - 1] = guide
         return out
+
+    def replayed(self, task: Task, group_index: int) -> Trajectory | None:
+        """The task's reference answer replayed and scored, or None where it cannot guide: the task has none, the
+        chat template cannot split it into turns, or the replay did not go as the reference did (it ran into a
+        limit, or a tool rejected or skipped one of its calls, so its answer would not follow from what the
+        tools returned)."""
+        if not task.reference:
+            return None
+        try:
+            guide = replay_reference(task, group_index, self.tokenizer, self.executor, self.limits, self.cfg.protocol)
+        except TemplateError:
+            return None
+        results = [result for turn in guide.turns for result in turn.tool_results]
+        if guide.finish_reason is not FinishReason.ANSWER or any(r.status != "ok" for r in results):
+            return None
+        score_all([guide], self.cfg.reward)
+        if self.cfg.algo.overlong is Overlong.penalty:
+            self.punish_overlong([guide])
+        return guide
 
     def punish_overlong(self, trajs: list[Trajectory]) -> None:
         """Add DAPO's soft overlong punishment (minirl/algos/dapo.py) to each reward, after reward.clip; it is
@@ -416,7 +433,9 @@ class Trainer:
         if algo.old_logprobs is OldLogprobs.sampler:
             return batch, {}
         old_logp = self.recompute_old_logprobs(batch, first_epoch)
-        fix = rollout_correction(old_logp, batch.old_logp, batch.mask, algo.rollout_is.value, algo.rollout_is_threshold)
+        replayed = torch.tensor([t.off_policy for t in trajs]).unsqueeze(1)  # [N, 1]
+        sampler = torch.where(replayed, old_logp, batch.old_logp)  # a replayed reference has no sampler gap
+        fix = rollout_correction(old_logp, sampler, batch.mask, algo.rollout_is.value, algo.rollout_is_threshold)
         batch = replace(batch, old_logp=old_logp, mask=fix.mask, is_weights=fix.weights)
         return batch, {key: value.item() for key, value in fix.metrics.items()}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -313,9 +314,11 @@ def test_dynamic_sampling_drops_tied_groups_counts_them_and_refills(cache_dir, t
     assert [id(t) for t in kept] == [id(t) for t in sampled[2:4]]
 
 
+GUIDED = ("algo.guide=true", "algo.dynamic_sampling=true", "rollout.max_new_tokens=96")  # turns fit every reference
+
+
 def test_guidance_replaces_one_member_of_each_group_that_failed_and_starts_it_at_ratio_one(cache_dir, tmp_path):
-    overrides = ("algo.guide=true", "algo.dynamic_sampling=true", "loss.beta=0", "rollout.max_new_tokens=96")
-    cfg = debug_config(cache_dir, tmp_path, *overrides)  # turns long enough for every reference
+    cfg = debug_config(cache_dir, tmp_path, *GUIDED, "loss.beta=0")
     trainer = Trainer(cfg, console=None)
     size = cfg.rollout.group_size
     sampled, kept = trainer.sample_groups()
@@ -337,11 +340,55 @@ def test_guidance_replaces_one_member_of_each_group_that_failed_and_starts_it_at
 
 
 def test_guidance_leaves_a_group_whose_rewards_differ_as_it_was(cache_dir, tmp_path, monkeypatch):
-    cfg = debug_config(cache_dir, tmp_path, "algo.guide=true", "algo.dynamic_sampling=true", "loss.beta=0")
-    trainer = Trainer(cfg, console=None)
+    trainer = Trainer(debug_config(cache_dir, tmp_path, *GUIDED, "loss.beta=0"), console=None)
     scripted_rewards(monkeypatch, [[0, 1, 0, 0], [1]])  # (differs, tied), then the reference of the tied group
     sampled, kept = trainer.sample_groups()
     assert [id(t) for t in kept[:3]] == [id(t) for t in sampled[:3]] and kept[3].off_policy
+
+
+def reference_task(trainer: Trainer, **changes) -> Task:
+    """A training task with a tool call in its reference, with `changes` applied to a copy."""
+    task = next(t for t in trainer.train_tasks if t.expected_tool_calls == 1)
+    return dataclasses.replace(task, **changes)
+
+
+def test_only_a_reference_that_replays_as_written_guides(cache_dir, tmp_path):
+    trainer = Trainer(debug_config(cache_dir, tmp_path, *GUIDED), console=None)
+    task = reference_task(trainer)
+    guide = trainer.replayed(task, 3)
+    assert guide.off_policy and guide.group_index == 3 and guide.reward == 1.0
+    # a call the tool rejects: the reference's answer no longer follows from what the context shows
+    call, *_ = task.reference[0]["tool_calls"]
+    rejected = {**call, "function": {**call["function"], "arguments": {"no_such_argument": 1}}}
+    broken = [{**task.reference[0], "tool_calls": [rejected]}, *task.reference[1:]]
+    assert trainer.replayed(reference_task(trainer, reference=broken), 3) is None
+    # a reference that runs past a turn limit, one the template cannot split into turns, and none at all
+    trainer.limits.max_new_tokens = 4
+    assert trainer.replayed(task, 3) is None
+    trainer.limits.max_new_tokens = 96
+    leading_newline = [*task.reference[:-1], {**task.reference[-1], "content": "\n" + task.reference[-1]["content"]}]
+    assert trainer.replayed(reference_task(trainer, reference=leading_newline), 3) is None
+    assert trainer.replayed(reference_task(trainer, reference=[]), 3) is None
+
+
+def test_a_replayed_reference_pays_no_kl_in_the_reward_and_no_sampler_correction(cache_dir, tmp_path):
+    overrides = ("algo.kl_in_reward=true", "algo.kl_coef=1.0", "algo.old_logprobs=recompute", "algo.rollout_is=token")
+    trainer = Trainer(debug_config(cache_dir, tmp_path, *GUIDED, *overrides), console=None)
+    _, kept = trainer.sample_groups()
+    replayed = [t.off_policy for t in kept]
+    assert any(replayed) and not all(replayed)
+    batch = collate(kept, torch.zeros(len(kept)), trainer.tokenizer.pad_token_id)
+    batch.ref_logp = batch.old_logp - 1.0  # every sampled token 1 nat likelier than under the reference
+    rewards, _ = trainer.shaped_rewards(kept, batch)
+    assert [r == t.reward for r, t in zip(rewards.tolist(), kept)] == replayed
+    batch.old_logp += 0.5 * batch.mask  # a sampler/trainer gap on every row: the sampler's log-probs 0.5 higher
+    prepared, _ = trainer.prepare_batch(batch, kept, [torch.arange(len(kept))])
+    for row, traj in enumerate(kept):
+        weights = prepared.is_weights[row][prepared.mask[row] > 0]
+        if traj.off_policy:  # no sampler drew it: there is no gap to weigh
+            assert (weights == 1.0).all()
+        else:
+            assert torch.allclose(weights, torch.tensor(math.exp(-0.5)), atol=1e-3)
 
 
 def test_a_round_larger_than_the_batch_keeps_the_first_groups_that_differ(cache_dir, tmp_path, monkeypatch):

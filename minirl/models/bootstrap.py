@@ -30,6 +30,7 @@ _SOURCES = [
     ("minirl.models", "tiny.py"),
     ("minirl.models", "chat_template.jinja"),
     ("minirl", "sft.py"),
+    ("minirl.protocol", "chat.py"),  # where SFT finds the assistant tokens it trains on
 ]
 
 
