@@ -510,11 +510,14 @@ class Trainer:
             self.step = step
             metrics, trajs = self.train_step()
             tracker.log(step, metrics)  # log
+            groups = f"groups {metrics['algo/groups_kept']:.0f}"
+            if metrics["algo/groups_guided"]:
+                groups += f" ({metrics['algo/groups_guided']:.0f} guided)"
             console.print(
                 f"step {step:>4}/{cfg.trainer.steps}  reward {metrics['reward/mean']:+.2f} "
                 f"± {metrics['reward/std']:.2f}  success {metrics['rollout/success_rate']:.0%}  "
                 f"kl {metrics.get('loss/kl', 0.0):.4f}  valid calls {metrics['tools/valid_frac']:.0%}  "
-                f"turns {metrics['rollout/turns']:.2f}  {metrics['time/step_s']:.1f}s"
+                f"turns {metrics['rollout/turns']:.2f}  {groups}  {metrics['time/step_s']:.1f}s"
             )
             self.check_skipped_updates(metrics)
             if cfg.trainer.trajectories_every and step % cfg.trainer.trajectories_every == 0 and trajs:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SHAPED_REWARD, debug_config
+from rich.console import Console
 from transformers import AutoModelForCausalLM
 
 from minirl.config import register_configs
@@ -350,6 +351,20 @@ def reference_task(trainer: Trainer, **changes) -> Task:
     """A training task with a tool call in its reference, with `changes` applied to a copy."""
     task = next(t for t in trainer.train_tasks if t.expected_tool_calls == 1)
     return dataclasses.replace(task, **changes)
+
+
+@pytest.mark.parametrize("guide", [True, False])
+def test_the_console_says_how_many_groups_a_step_learned_from_and_how_many_were_guided(cache_dir, tmp_path, guide):
+    console = Console(record=True, width=200)
+    cfg = debug_config(
+        cache_dir, tmp_path, *GUIDED, f"algo.guide={guide}", "trainer.steps=1", "trainer.save_final=false"
+    )
+    Trainer(cfg, console=console).fit()
+    [line] = [line for line in console.export_text().splitlines() if line.startswith("step    1/1")]
+    row = step_rows(tmp_path)[0]
+    kept, guided = int(row["algo/groups_kept"]), int(row["algo/groups_guided"])
+    assert f"groups {kept} ({guided} guided)" in line if guide else f"groups {kept}  " in line
+    assert guided > 0 if guide else "guided" not in line
 
 
 def test_only_a_reference_that_replays_as_written_guides(cache_dir, tmp_path):
