@@ -403,11 +403,6 @@ class Trainer:
         """Advantages of the kept groups, then ppo_epochs x mini_batches optimizer steps, then weight sync."""
         cfg = self.cfg
         batch = collate(trajs, torch.zeros(len(trajs)), self.tokenizer.pad_token_id)  # advantages set below
-        replayed = torch.tensor([t.off_policy for t in trajs])  # [N]
-        if replayed.any():  # no sampler drew them: pi_old is the policy now, so their ratios start at 1
-            self.policy.eval()
-            now = self.batch_logprobs(self.policy, batch, [replayed.nonzero().flatten()])
-            batch.old_logp[replayed] = now[replayed]
         batch.ref_logp = self.reference_logprobs(batch)  # [N, T] or None
         rewards, kl_metrics = self.shaped_rewards(trajs, batch)  # minus the KL with algo.kl_in_reward
         batch.advantages = advantages = self.adv_fn(rewards, cfg.rollout.group_size, cfg.algo.adv_eps)  # advantage
@@ -425,16 +420,22 @@ class Trainer:
         """The loss mask and log pi_old. algo.overlong=mask takes the trajectories a length limit cut off out of
         the loss (DAPO's overlong filtering). algo.old_logprobs=recompute replaces the sampler's log-probs by the
         trainer's, and algo.rollout_is turns the gap between the two into token weights or a trajectory mask
-        (minirl/algos/rollout_correction.py); the gap is logged either way."""
+        (minirl/algos/rollout_correction.py); the gap is logged either way. A replayed reference answer
+        (algo.guide) has no sampler: its pi_old is the policy's before the update, so its ratios start at 1 and
+        it has no gap to correct."""
         algo = self.cfg.algo
         if algo.overlong is Overlong.mask:
             cut = torch.tensor([truncated(t) for t in trajs])  # [N]
             batch = replace(batch, mask=batch.mask * ~cut.unsqueeze(1))
+        replayed = torch.tensor([t.off_policy for t in trajs]).unsqueeze(1)  # [N, 1]
         if algo.old_logprobs is OldLogprobs.sampler:
+            if replayed.any():
+                self.policy.eval()
+                now = self.batch_logprobs(self.policy, batch, [replayed.flatten().nonzero().flatten()])
+                batch = replace(batch, old_logp=torch.where(replayed, now, batch.old_logp))
             return batch, {}
         old_logp = self.recompute_old_logprobs(batch, first_epoch)
-        replayed = torch.tensor([t.off_policy for t in trajs]).unsqueeze(1)  # [N, 1]
-        sampler = torch.where(replayed, old_logp, batch.old_logp)  # a replayed reference has no sampler gap
+        sampler = torch.where(replayed, old_logp, batch.old_logp)
         fix = rollout_correction(old_logp, sampler, batch.mask, algo.rollout_is.value, algo.rollout_is_threshold)
         batch = replace(batch, old_logp=old_logp, mask=fix.mask, is_weights=fix.weights)
         return batch, {key: value.item() for key, value in fix.metrics.items()}
