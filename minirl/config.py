@@ -393,6 +393,12 @@ class ServeConfig:
     max_batch_size: int = 16  # requests (times their n) decoded together in one batch
     max_queue: int = 256  # requests waiting for a batch; further ones get HTTP 429
     max_tokens: int = 256  # per completion, when a request does not say
+    # clients must send `Authorization: Bearer <key>` (all but GET /health); null = $MINIRL_API_KEY, which keeps
+    # the key out of config dumps and Hydra's .hydra/ files; neither = no key. Left out of the repr.
+    api_key: Optional[str] = field(default=None, repr=False)
+    # without a key, a serve.host other than loopback (0.0.0.0, ::, an address or name other machines reach) is
+    # refused at start-up unless this is true
+    allow_unauthenticated: bool = False
 
     def __post_init__(self) -> None:
         _check(0 <= self.port < 65536, "serve.port", f"must be in [0, 65535], got {self.port}")

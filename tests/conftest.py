@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -146,9 +147,13 @@ def debug_config(cache_dir: Path, run_dir: Path, *overrides: str):
     return cfg
 
 
-def start_server(run_dir: Path, *overrides: str) -> ServerProcess:
-    """`python -m minirl.serve` on a free loopback port, ready; with `base_url`, `model_id` and `stop()`."""
-    return launch_server(["serve.host=127.0.0.1", "serve.port=0", "logger=none", *overrides], run_dir)
+def start_server(run_dir: Path, *overrides: str, api_key: str | None = None) -> ServerProcess:
+    """`python -m minirl.serve` on a free loopback port, ready; with `base_url`, `model_id` and `stop()`.
+    `api_key` goes in as $MINIRL_API_KEY; without it the server gets no key, whatever this environment holds."""
+    env = {name: value for name, value in os.environ.items() if name != "MINIRL_API_KEY"}
+    if api_key is not None:
+        env["MINIRL_API_KEY"] = api_key
+    return launch_server(["serve.host=127.0.0.1", "serve.port=0", "logger=none", *overrides], run_dir, env=env)
 
 
 @pytest.fixture(scope="session")

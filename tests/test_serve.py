@@ -4,12 +4,16 @@ Most tests talk to one real server process (conftest's `openai_server`) serving 
 greedy decoding greets on GREETING (after a <think> block) and answers CONVERSATION with two calculate_math
 calls, then with the sum. Queue-full, batching and internal-error tests run the app in-process over a
 scripted decoder that a test can hold; the turn splitter and the decoder are also tested on their own.
+The API-key tests share a second server, given its key as $MINIRL_API_KEY; one more binds 0.0.0.0.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,12 +27,16 @@ import pytest
 import torch
 import uvicorn
 from conftest import CALC_TOOL, CONVERSATION, GREETING, start_server
+from rich.console import Console
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from minirl.config import ProtocolConfig, ServeConfig
+from minirl.config import Config, EvalConfig, ProtocolConfig, ServeConfig
+from minirl.evaluation.backends import OpenAIBackend
 from minirl.protocol.chat import render
 from minirl.protocol.parsing import ToolCall, parse_turn
+from minirl.registry import ConfigError
 from minirl.serving.app import ServedModel, create_app
+from minirl.serving.auth import API_KEY_ENV, is_loopback, resolve_api_key
 from minirl.serving.decoder import Decoder, DecodeRow, FinishReason, RowResult, SamplingSpec
 from minirl.serving.scheduler import Scheduler
 from minirl.serving.turn_splitter import Channel, TurnSplitter
@@ -721,3 +729,145 @@ def test_a_served_model_id_and_a_clean_exit_on_a_signal(tool_model_dir, tmp_path
     finally:
         exit_code = server.stop(getattr(signal, signal_name))
     assert exit_code == 0
+
+
+# -- the API key ----------------------------------------------------------------------------------
+
+API_KEY = "sk-minirl-test-5b1f0c7e9a"  # distinctive: finding it in a file means it leaked
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("localhost", True),
+        ("LocalHost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.168.1.20", False),
+        ("fe80::1", False),
+        ("myhost.example", False),  # a name may resolve to anything
+    ],
+)
+def test_only_127_0_0_0_8_and_1_and_localhost_are_loopback(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+def test_the_key_is_serve_api_key_else_the_environment_and_never_shown():
+    assert resolve_api_key(ServeConfig(api_key="from-config"), {API_KEY_ENV: "from-env"}) == "from-config"
+    assert resolve_api_key(ServeConfig(), {API_KEY_ENV: "from-env"}) == "from-env"
+    assert resolve_api_key(ServeConfig(), {API_KEY_ENV: ""}) is None  # empty = unset, as vLLM reads VLLM_API_KEY
+    assert resolve_api_key(ServeConfig(host="0.0.0.0"), {API_KEY_ENV: "k"}) == "k"
+    assert resolve_api_key(ServeConfig(host="0.0.0.0", allow_unauthenticated=True), {}) is None
+    with pytest.raises(ConfigError, match=f"^{API_KEY_ENV}: the API key must be printable ASCII") as bad:
+        resolve_api_key(ServeConfig(), {API_KEY_ENV: "two words"})
+    assert "two words" not in str(bad.value)
+    assert API_KEY not in repr(ServeConfig(api_key=API_KEY))
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tool_model_dir, tmp_path_factory):
+    """The tool model served on loopback with API_KEY given as $MINIRL_API_KEY: the server and its run dir."""
+    run_dir = tmp_path_factory.mktemp("keyed")
+    server = start_server(run_dir, f"model.name_or_path={tool_model_dir}", api_key=API_KEY)
+    yield server, run_dir
+    server.stop()
+
+
+def test_with_the_key_requests_are_served_and_health_is_open_without_it(keyed_server):
+    server, _ = keyed_server
+    client = openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0)
+    assert [model.id for model in client.models.list()] == [server.model_id]
+    reply = client.chat.completions.with_raw_response.create(
+        model=server.model_id, messages=GREETING_PROMPT, temperature=0
+    )
+    assert reply.status_code == 200 and reply.parse().choices[0].message.content == "Hello! How can I help?"
+    stream = client.chat.completions.create(model=server.model_id, messages=GREETING_PROMPT, temperature=0, stream=True)
+    assert join_stream(stream)[0][0].summary()[0] == "Hello! How can I help?"
+    lower_case = httpx.get(f"{server.base_url}/models", headers={"authorization": f"bearer {API_KEY}"})
+    assert lower_case.status_code == 200  # the scheme is case-insensitive (RFC 9110)
+    assert httpx.get(server.base_url.removesuffix("/v1") + "/health").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("api_key", ["EMPTY", API_KEY[:-1], API_KEY + "0"], ids=["none", "prefix", "longer"])
+def test_the_openai_client_without_the_key_gets_401_invalid_api_key(keyed_server, api_key):
+    server, _ = keyed_server
+    client = openai.OpenAI(base_url=server.base_url, api_key=api_key, max_retries=0)
+    chat = partial(client.chat.completions.create, model=server.model_id, messages=GREETING_PROMPT)
+    for call in (client.models.list, chat, partial(chat, stream=True)):
+        with pytest.raises(openai.AuthenticationError) as refused:
+            call()
+        assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
+        assert refused.value.type == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"authorization": f"Basic {API_KEY}"}, {"authorization": API_KEY}, {"authorization": f"Bearer {API_KEY}x"}],
+    ids=["no header", "basic scheme", "no scheme", "wrong key"],
+)
+@pytest.mark.parametrize(
+    ("method", "path", "content"),
+    [
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/chat/completions", b'{"model": '),  # the key is checked before the body is read
+        ("GET", "/v1/no/such/path", None),
+        ("GET", "/docs", None),
+    ],
+)
+def test_every_path_but_health_answers_401_before_anything_else(keyed_server, headers, method, path, content):
+    root = keyed_server[0].base_url.removesuffix("/v1")
+    response = httpx.request(method, root + path, content=content, headers=headers, timeout=WAIT_S)
+    assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and API_KEY not in error["message"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")
+
+
+def test_the_openai_eval_backend_sends_eval_api_key(keyed_server):
+    server, _ = keyed_server
+    cfg = Config(eval=EvalConfig(backend="openai", base_url=server.base_url, api_key=API_KEY))
+    assert OpenAIBackend(cfg, Console()).model == server.model_id  # the first model /v1/models lists
+    cfg.eval.api_key = "EMPTY"
+    with pytest.raises(ConfigError, match=r"^eval\.api_key: .* refuses it \(401\)"):
+        OpenAIBackend(cfg, Console())
+
+
+def test_the_key_is_in_no_log_and_no_hydra_file(keyed_server):
+    _, run_dir = keyed_server  # after the tests above sent it, right and wrong
+    files = {path.relative_to(run_dir).as_posix(): path.read_text() for path in run_dir.rglob("*") if path.is_file()}
+    assert {"server.log", "server.out", ".hydra/config.yaml", ".hydra/overrides.yaml"} <= set(files)
+    assert [name for name, text in files.items() if API_KEY in text] == []
+    assert "api_key: null" in files[".hydra/config.yaml"]  # it came from the environment
+
+
+def serve_command(run_dir, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "minirl.serve", f"hydra.run.dir={run_dir}", "logger=none", *overrides]
+
+
+def test_a_host_beyond_loopback_needs_a_key_or_allow_unauthenticated(tool_model_dir, tmp_path):
+    env = {name: value for name, value in os.environ.items() if name != API_KEY_ENV}
+    missing = tmp_path / "no-model"  # loading it would fail with another message: the check comes first
+    public = ["serve.host=0.0.0.0", "serve.port=0"]
+    refused = subprocess.run(
+        serve_command(tmp_path / "refused", *public, f"model.name_or_path={missing}"),
+        capture_output=True, text=True, env=env, timeout=WAIT_S,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stdout.strip().splitlines() == [
+        "config error: serve.host=0.0.0.0 is not a loopback address and no API key is set: set "
+        "MINIRL_API_KEY=<key> (or serve.api_key=<key>), serve on serve.host=127.0.0.1, or pass "
+        "serve.allow_unauthenticated=true to serve without a key"
+    ]
+    server = start_server(
+        tmp_path / "allowed", f"model.name_or_path={tool_model_dir}", *public, "serve.allow_unauthenticated=true"
+    )
+    try:
+        assert server.base_url.startswith("http://0.0.0.0:")
+        loopback = server.base_url.replace("0.0.0.0", "127.0.0.1", 1)  # connect only to this machine
+        client = openai.OpenAI(base_url=loopback, api_key="EMPTY", max_retries=0)
+        assert [model.id for model in client.models.list()] == [server.model_id]
+    finally:
+        assert server.stop() == 0

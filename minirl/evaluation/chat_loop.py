@@ -44,6 +44,8 @@ def first_model(client: openai.OpenAI) -> str:
     """The first model the endpoint lists; ConfigError when it cannot be reached or lists none."""
     try:
         models = client.models.list().data
+    except openai.AuthenticationError:
+        raise ConfigError(f"eval.api_key: {client.base_url} refuses it (401); pass the server's key") from None
     except openai.APIError as err:
         raise ConfigError(f"eval.base_url: cannot list the models of {client.base_url} ({err})") from None
     if not models:

@@ -3,7 +3,8 @@
 A chat request is checked and rendered to a prompt on the event loop (the chat template runs in a
 thread), queued as a `Job`, and answered from the job's events: streamed as server-sent events or
 gathered into one response. Every error, a validation failure or an internal one, is an OpenAI error
-object (`{"error": {"message", "type", "param", "code"}}`) with a 4xx or 5xx status.
+object (`{"error": {"message", "type", "param", "code"}}`) with a 4xx or 5xx status. With an API key,
+every request but `GET /health` needs it (auth.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from starlette.exceptions import HTTPException
 from minirl.config import ProtocolConfig, ServeConfig
 from minirl.protocol.chat import render
 from minirl.protocol.parsing import ParsedTurn, parse_turn
+from minirl.serving.auth import BearerAuth
 from minirl.serving.decoder import FinishReason, SamplingSpec
 from minirl.serving.openai_api import (
     APIError,
@@ -54,8 +56,15 @@ class ServedModel:
     context_length: int  # prompt + completion tokens, at most
 
 
-def create_app(scheduler: Scheduler, served: ServedModel, serve: ServeConfig, protocol: ProtocolConfig) -> FastAPI:
-    """The app; it starts `scheduler`'s worker on startup and stops it on shutdown."""
+def create_app(
+    scheduler: Scheduler,
+    served: ServedModel,
+    serve: ServeConfig,
+    protocol: ProtocolConfig,
+    api_key: str | None = None,
+) -> FastAPI:
+    """The app; it starts `scheduler`'s worker on startup and stops it on shutdown. With `api_key` (see
+    auth.resolve_api_key) requests must send it as a bearer token; without one anyone may call it."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -66,6 +75,8 @@ def create_app(scheduler: Scheduler, served: ServedModel, serve: ServeConfig, pr
     app = FastAPI(title="minirl", lifespan=lifespan)
     started = int(time.time())
     _add_error_handlers(app)
+    if api_key is not None:
+        app.add_middleware(BearerAuth, api_key=api_key)
 
     @app.get("/health")
     async def health() -> dict:

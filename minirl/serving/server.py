@@ -20,6 +20,7 @@ def serve(cfg: Config, console: Console) -> None:
         import uvicorn
 
         from minirl.serving.app import ServedModel, create_app
+        from minirl.serving.auth import resolve_api_key
     except ImportError as err:
         raise ConfigError(
             f'python -m minirl.serve needs the server stack ({err.name}): pip install -e ".[serve]"'
@@ -28,12 +29,13 @@ def serve(cfg: Config, console: Console) -> None:
     from minirl.serving.scheduler import Scheduler
 
     CALL_FORMATS.get(cfg.protocol.format)  # an unknown format fails before the model loads
+    api_key = resolve_api_key(cfg.serve)  # and so does a host beyond loopback without a key
     path = resolve_model_path(cfg, console)
     model = load_model(path, cfg, resolve_device(cfg.trainer.device), trainable=False)  # the run's device setting
     tokenizer = load_tokenizer(path, cfg)
     served = ServedModel(cfg.serve.model_id or cfg.model.name_or_path, tokenizer, model.config.max_position_embeddings)
     scheduler = Scheduler(Decoder(model, tokenizer), cfg.serve.max_batch_size, cfg.serve.max_queue)
-    app = create_app(scheduler, served, cfg.serve, cfg.protocol)
+    app = create_app(scheduler, served, cfg.serve, cfg.protocol, api_key)
     # uvicorn waits this long for open streams after a signal before it closes them
     config = uvicorn.Config(app, cfg.serve.host, cfg.serve.port, log_level="warning", timeout_graceful_shutdown=5)
     sock = config.bind_socket()
