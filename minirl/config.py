@@ -104,6 +104,9 @@ class SandboxConfig:
     open_files: int = 64  # RLIMIT_NOFILE
     processes: int = 64  # RLIMIT_NPROC: counts all processes and threads of the user; root is exempt
     max_output_chars: int = 2048  # stdout + stderr the model sees, cut with a marker; JSON escaping adds more
+    # without unprivileged namespaces nothing but an in-process audit hook stands between the code and the
+    # machine's files: code_interpreter refuses to start there unless this is true
+    allow_unconfined: bool = False
 
     def __post_init__(self) -> None:
         for key in ("workers", "cpu_s", "file_mb", "processes"):

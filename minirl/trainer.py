@@ -68,7 +68,7 @@ def check_names(cfg: Config) -> None:
     """Resolve every registry name in the config; runs before any model loads."""
     import_tool_modules(cfg.tools.imports)  # their @tool functions register before the names resolve
     for name in cfg.tools.names:
-        TOOLS.get(name)
+        TOOLS.get(name).check_config(cfg.tools)
     check_weights(cfg.reward.weights)
     SUCCESS_CRITERIA.get(cfg.reward.success)
     LOSSES.get(cfg.loss.name)

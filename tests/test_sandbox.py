@@ -4,6 +4,7 @@ sandbox process is left running and no run directory is left on disk."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -21,11 +23,13 @@ from minirl.config import SandboxConfig, ToolsConfig, register_configs, to_confi
 from minirl.entry import CONF_DIR
 from minirl.protocol.parsing import ToolCall
 from minirl.registry import ConfigError
-from minirl.tools import ToolError, ToolExecutor, build_tools, sandbox
+from minirl.tools import ToolError, ToolExecutor, build_tools, code_interpreter, sandbox
 from minirl.tools.code_interpreter import CONTROL_TOKENS, CodeInterpreter, neutralise
+from minirl.tools.sandbox_child import CONTAINED_WORKDIR
 
 LIMITS = SandboxConfig(workers=2, cpu_s=1, memory_mb=256, file_mb=1, open_files=32, processes=32, max_output_chars=1000)
 CFG = ToolsConfig(names=["code_interpreter"], timeout_s=2.0, max_output_chars=4096, sandbox=LIMITS)
+UNCONFINED = dataclasses.replace(CFG, sandbox=dataclasses.replace(LIMITS, allow_unconfined=True))
 KILL_S = 1.8  # 90% of timeout_s
 
 
@@ -33,16 +37,17 @@ def executor_for(cfg: ToolsConfig) -> ToolExecutor:
     return ToolExecutor(build_tools(cfg.names, cfg), cfg.timeout_s, cfg.max_output_chars)
 
 
-@pytest.fixture(scope="module", params=["namespaces", "no_namespaces"])
+@pytest.fixture(params=["namespaces", "no_namespaces"])
 def executor(request) -> ToolExecutor:
     """Each case runs inside the kernel namespaces (where this machine allows them) and without them,
     as on machines that refuse them, where the limits and the audit hook contain the code alone."""
     with pytest.MonkeyPatch.context() as patch:
         if request.param == "no_namespaces":
             patch.setattr(sandbox, "namespace_prefix", lambda: ())
+            patch.setattr(code_interpreter, "namespace_prefix", lambda: ())
         elif not sandbox.namespace_prefix():
             pytest.skip("unprivileged namespaces are not available here")
-        yield executor_for(CFG)
+        yield executor_for(UNCONFINED if request.param == "no_namespaces" else CFG)
 
 
 def sandbox_processes() -> list[int]:
@@ -122,7 +127,11 @@ def test_calls_are_stateless(executor):
 def test_the_run_directory_is_removed(executor, tmp_path):
     status, text = call(executor, "import os\nopen('scratch.txt', 'w').write('x' * 1000)\nprint(os.getcwd())")
     workdir = text.strip()
-    assert status == "ok" and workdir.startswith(str(tmp_path / "runs")) and not os.path.exists(workdir)
+    if sandbox.namespace_prefix():  # the run's own root: the same path for every run
+        assert (status, workdir) == ("ok", CONTAINED_WORKDIR)
+    else:
+        assert status == "ok" and workdir.startswith(str(tmp_path / "runs")) and not os.path.exists(workdir)
+    assert list((tmp_path / "runs").iterdir()) == []
 
 
 def test_long_output_is_cut_with_a_marker(executor):
@@ -233,7 +242,7 @@ def test_a_run_ends_soon_after_its_trainer_dies(tmp_path):
 )
 def test_fork_bombs_cannot_start(executor, code):
     status, text = call(executor, code)
-    assert status == "error" and "not allowed in this sandbox" in text
+    assert status == "error" and ("not allowed in this sandbox" in text or "out of pty devices" in text)
 
 
 @pytest.mark.parametrize(
@@ -305,6 +314,13 @@ SWITCH_OFF_THE_HOOK = (  # the audit hook runs in the code's own process: its fr
 )
 
 
+SWITCH_OFF_THE_WHOLE_HOOK = (  # every event passes: what a CPython exploit inside the run could do
+    "import sys\nframe = sys._getframe()\n"
+    "while 'Guard' not in frame.f_globals:\n    frame = frame.f_back\n"
+    "frame.f_globals['Guard'].__call__ = lambda *args: None\n"
+)
+
+
 @pytest.mark.parametrize(
     "code",
     [
@@ -313,13 +329,130 @@ SWITCH_OFF_THE_HOOK = (  # the audit hook runs in the code's own process: its fr
         "import os\nos.mkfifo({target!r})",  # raises no audit event
     ],
 )
-def test_in_namespaces_nothing_is_written_outside_even_with_the_audit_hook_switched_off(executor, tmp_path, code):
+@pytest.mark.parametrize("where", ["/", "/dev", "the standard library", "the shared libraries"])
+def test_in_namespaces_nothing_is_written_outside_even_with_the_audit_hook_switched_off(executor, code, where):
     if not sandbox.namespace_prefix():
         pytest.skip("runs without namespaces: the audit hook alone keeps writes in the working directory")
-    target = str(tmp_path / "outside")
+    folder = {"the standard library": os.path.dirname(os.__file__), "the shared libraries": "/usr/lib"}.get(
+        where, where
+    )
+    target = os.path.join(folder, f"minirl-test-{os.getpid()}")
     status, text = call(executor, SWITCH_OFF_THE_HOOK + code.format(target=target))
     assert status == "error" and "Read-only file system" in text
     assert not os.path.exists(target)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "libc.mount(b'none', b'/', None, 32 | 4096, None)",  # remount the root read-write
+        "libc.mount(b'none', {stdlib!r}.encode(), None, 32 | 4096, None)",  # remount a bound path read-write
+        "libc.umount2({stdlib!r}.encode(), 2)",  # unmount a bound path to see what is under it
+        "libc.mount(b'tmpfs', b'/dev', b'tmpfs', 0, None)",
+        # a new user and mount namespace would hold every capability again, over copies of these mounts
+        "libc.unshare(0x10000000 | 0x00020000) or libc.mount(b'none', b'/', None, 32 | 4096, None)",
+        "libc.chroot(b'/proc/1/root')",
+    ],
+)
+def test_in_namespaces_the_code_holds_no_capability(executor, code):
+    if not sandbox.namespace_prefix():
+        pytest.skip("runs without namespaces")
+    run = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    run += f"print({code.format(stdlib=os.path.dirname(os.__file__))}, ctypes.get_errno())"
+    status, text = call(executor, SWITCH_OFF_THE_WHOLE_HOOK + run)
+    assert status == "ok" and text.startswith("-1 "), text  # EPERM, EINVAL or ENOENT: the call failed
+    status, text = call(executor, "print(open('/proc/self/status').read())")
+    capabilities = dict(line.split(":\t") for line in text.splitlines() if line.startswith("Cap"))
+    assert all(int(capabilities[key], 16) == 0 for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))
+    assert "NoNewPrivs:\t1" in text
+
+
+@pytest.fixture
+def canaries():
+    """(paths, secret): two files that hold `secret`, one in the trainer's home and one in /tmp."""
+    secret, name = f"secret-{time.monotonic_ns()}", f"minirl-canary-{os.getpid()}"
+    paths = [Path.home() / f".{name}", Path(f"/tmp/{name}")]
+    for path in paths:
+        path.write_text(secret)
+    yield [str(path) for path in paths], secret
+    for path in paths:
+        path.unlink()
+
+
+READ_ATTEMPTS = {
+    "open": "print(open({path!r}).read())",
+    "os.open": "import os\nprint(os.read(os.open({path!r}, os.O_RDONLY), 100))",
+    "relative path": "print(open('../' * 30 + {path!r}).read())",
+    "dir_fd": "import os\nroot = os.open('/', os.O_RDONLY)\nprint(os.read(os.open({path!r}[1:], 0, dir_fd=root), 99))",
+    "os.walk": (  # one level of /tmp and of the home directory, reading whatever looks like the canary
+        "import os\nfor top in ('/tmp', {home!r}):\n    for root, dirs, files in os.walk(top):\n"
+        "        dirs.clear()\n        print(root, files)\n"
+        "        for name in files:\n            if 'canary' in name:\n"
+        "                print(open(os.path.join(root, name)).read())"
+    ),
+    "glob": "import glob\nprint(glob.glob('/tmp/*'), glob.glob({home!r} + '/.*'))",
+    "/proc/self/root": "print(open('/proc/self/root' + {path!r}).read())",
+    "/proc/1/root": "print(open('/proc/1/root' + {path!r}).read())",
+    "/proc/self/cwd": "print(open('/proc/self/cwd/' + '../' * 30 + {path!r}).read())",
+    "symlink": "import os\nos.symlink({path!r}, 'link')\nprint(open('link').read())",
+    "hard link": "import os\nos.link({path!r}, 'hard')\nprint(open('hard').read())",
+    "shutil.copy": "import shutil\nshutil.copy({path!r}, 'copy')\nprint(open('copy').read())",
+}
+
+
+@pytest.mark.parametrize("attempt", READ_ATTEMPTS)
+@pytest.mark.parametrize("hook", ["on", "off"])
+def test_the_trainers_files_are_never_read(executor, canaries, attempt, hook):
+    """In namespaces the files are not in the run's root at all, even with the audit hook switched off;
+    without them the hook refuses to read outside the working directory and the standard library."""
+    if hook == "off" and not sandbox.namespace_prefix():
+        pytest.skip("runs without namespaces: the audit hook is all there is (tools.sandbox.allow_unconfined)")
+    paths, secret = canaries
+    for path in paths:
+        code = READ_ATTEMPTS[attempt].format(path=path, home=str(Path.home()))
+        status, text = call(executor, (SWITCH_OFF_THE_WHOLE_HOOK if hook == "off" else "") + code)
+        assert secret not in text, (path, text)
+        assert status == "error" or attempt in ("os.walk", "glob"), (path, text)  # a walk finds nothing to read
+
+
+def test_without_namespaces_the_standard_library_stays_readable(executor):
+    status, text = call(executor, "import json, os\nprint(open(json.__file__).read()[:20], len(os.listdir('.')))")
+    assert (status, text) == ("ok", 'r"""JSON (JavaScript 1\n')
+    status, text = call(executor, "print(open('/etc/hostname').read())")
+    assert status == "error"
+    expected = "No such file" if sandbox.namespace_prefix() else "(outside the working directory and the standard"
+    assert expected in text
+
+
+def test_every_extension_module_the_interpreter_has_imports_in_the_sandbox(executor):
+    """The run's root holds what the standard library's compiled modules load (shared libraries included)."""
+    dynload = Path(os.__file__).parent / "lib-dynload"
+    names = sorted({p.name.split(".")[0] for p in dynload.glob("*.so")} - {"_ctypes", "_posixsubprocess"})
+    probe = [sys.executable, "-S", "-s", "-c", f"import importlib\nfor n in {names!r}: importlib.import_module(n)"]
+    assert subprocess.run(probe, capture_output=True).returncode == 0  # all of them import here
+    code = f"import importlib\nfailed = []\nfor n in {names!r}:\n    try:\n        importlib.import_module(n)\n"
+    code += "    except Exception as err:\n        failed.append((n, repr(err)))\nprint(failed)"
+    status, text = call(executor, code)
+    assert status == "ok" and text.startswith("[")
+    failed = [(name, error) for name, error in eval(text) if "not allowed in this sandbox" not in error]  # noqa: S307
+    assert failed == []
+
+
+def test_code_interpreter_refuses_to_start_without_namespaces_unless_allowed(monkeypatch):
+    monkeypatch.setattr(code_interpreter, "namespace_prefix", lambda: ())
+    with pytest.raises(ConfigError, match=r"tools\.sandbox\.allow_unconfined.*allow_unconfined=true"):
+        CodeInterpreter(CFG)
+    assert CodeInterpreter(UNCONFINED).limits.allow_unconfined
+
+
+def test_a_run_without_unshare_stops_before_any_model_loads(tmp_path):
+    """No `unshare` on PATH: no namespaces. The entry point says why in one line and exits 2 at once."""
+    command = [sys.executable, "-m", "minirl.train", "experiment=retool", f"model.cache_dir={tmp_path / 'cache'}"]
+    command.append(f"hydra.run.dir={tmp_path / 'run'}")
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable)}
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "tools.sandbox.allow_unconfined=true" in run.stderr + run.stdout
+    assert not (tmp_path / "cache").exists()  # nothing was built
 
 
 def test_in_namespaces_the_working_directory_holds_at_most_file_mb(executor):

@@ -27,7 +27,7 @@ from itertools import accumulate
 from typing import Any
 
 from minirl.data.generation import Phrasings, RowGenerator
-from minirl.tools import build_tools
+from minirl.tools import TOOLS
 
 SYSTEM_PROMPT = (
     "Solve the problem. You can run Python with the code_interpreter tool, one call per turn. "
@@ -35,7 +35,7 @@ SYSTEM_PROMPT = (
     "Give the final answer on the last line as \\boxed{ANSWER}."
 )
 
-_CODE_INTERPRETER = build_tools(["code_interpreter"])["code_interpreter"]
+_CODE_INTERPRETER = TOOLS.get("code_interpreter")
 _MAX_PRIME_LIMIT = 20_000  # count_primes' N: the reference trial division stays well under a second
 
 

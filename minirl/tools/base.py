@@ -48,11 +48,16 @@ class Tool:
         """A JSON-serialisable result; may raise ToolError."""
         raise NotImplementedError
 
-    def schema(self) -> dict:
+    @classmethod
+    def check_config(cls, cfg: ToolsConfig) -> None:
+        """Raise ConfigError if the tool cannot run under `cfg` on this machine; runs before any model loads."""
+
+    @classmethod
+    def schema(cls) -> dict:
         """The OpenAI function schema chat templates render."""
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+            "function": {"name": cls.name, "description": cls.description, "parameters": cls.parameters},
         }
 
 

@@ -35,8 +35,9 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from minirl.registry import ConfigError
 from minirl.tools.base import TOOLS, Tool, ToolError, ToolTimeout
-from minirl.tools.sandbox import SandboxRun, run_python
+from minirl.tools.sandbox import SandboxRun, namespace_prefix, run_python
 
 if TYPE_CHECKING:
     from minirl.config import SandboxConfig, ToolsConfig
@@ -102,11 +103,24 @@ class CodeInterpreter(Tool):
         "additionalProperties": False,
     }
 
+    @classmethod
+    def check_config(cls, cfg: ToolsConfig) -> None:
+        if not namespace_prefix() and not cfg.sandbox.allow_unconfined:
+            raise ConfigError(
+                "tools.sandbox.allow_unconfined: code_interpreter runs model-written code, and this machine refuses "
+                "the unprivileged user namespaces that give each run a root of its own (no trainer files, no "
+                "network); without them only an audit hook inside the code's own process keeps it in, which "
+                "deliberate code can switch off. Allow them (e.g. sysctl kernel.unprivileged_userns_clone=1, "
+                "or a container runtime that permits unshare), or accept the risk with "
+                "tools.sandbox.allow_unconfined=true"
+            )
+
     def __init__(self, cfg: ToolsConfig | None = None) -> None:
         if cfg is None:
             from minirl.config import ToolsConfig  # not at the top: minirl.config imports this package
 
             cfg = ToolsConfig()
+        self.check_config(cfg)
         self.limits = cfg.sandbox
         self.budget_s = KILL_AT * cfg.timeout_s
         self._workers = threading.BoundedSemaphore(cfg.sandbox.workers)

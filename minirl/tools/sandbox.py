@@ -3,17 +3,21 @@
     run = run_python("print(6 * 7)", limits, timeout_s=5.0)
     run.output, run.exit_code  # ('42\\n', 0)
 
-Every run gets a new temporary directory, removed afterwards: `work/` (the working directory and
-HOME, holding the code as `main.py`) and the two files that capture stdout and stderr. The
-interpreter is `sys.executable -B -s -S` (no site-packages: the standard library only), started
-in a new session with an environment built from scratch, no stdin and no inherited descriptors.
-Containment, from the kernel inwards:
+Every run gets a new temporary directory, removed afterwards: `work/` (holding the code as `main.py`)
+and the two files that capture stdout and stderr. The interpreter is `sys.executable -B -s -S` (no
+site-packages: the standard library only), started in a new session with an environment built from
+scratch, no stdin and no inherited descriptors. Containment, from the kernel inwards:
 
-- namespaces, when this machine allows them unprivileged (`unshare --user --net --pid
-  --mount-proc`, probed once): no network but a loopback that is down, no other process visible
-  or reachable by pid, and when the run ends the kernel kills everything it started. In the run's
-  mount namespace the working directory is a fresh tmpfs of `file_mb` (a copy of `main.py` in it)
-  and every other mount is read-only (`sandbox_child.contain_filesystem`);
+- namespaces, when this machine allows them unprivileged (`unshare --user --net --pid --mount-proc`,
+  probed once): no network but a loopback that is down, no other process visible or reachable by pid,
+  and when the run ends the kernel kills everything it started. The run pivots into a root of its own
+  (`sandbox_child.enter_own_root`): an empty tmpfs with the standard library and the system's shared
+  libraries bound read-only, a few device nodes, its own /proc, and the working directory
+  `/sandbox` (also HOME and TMPDIR), a fresh tmpfs of `file_mb`; the trainer's home, /tmp and every
+  other file of the machine are not there at all. It then drops every capability, so nothing can be
+  remounted, and no nested user namespace can be made;
+- without namespaces, `code_interpreter` refuses to start unless `tools.sandbox.allow_unconfined`;
+  then the audit hook alone keeps reads in the working directory and the standard library;
 - resource limits the interpreter sets on itself before the code runs (`sandbox_child.py`): CPU
   seconds, address space, file size (stdout and stderr are files, so this bounds them on disk),
   open files, processes, no core dumps;
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from minirl.tools.sandbox_child import SCRIPT
+from minirl.tools.sandbox_child import CONTAINED_WORKDIR, SCRIPT
 
 if TYPE_CHECKING:
     from minirl.config import SandboxConfig
@@ -63,7 +67,7 @@ class SandboxRun:
 
 @functools.cache
 def namespace_prefix() -> tuple[str, ...]:
-    """`unshare` with the run's namespaces when it works here without privileges, filesystem containment
+    """`unshare` with the run's namespaces when it works here without privileges, the run's own root
     included (an empty run is the probe), else nothing."""
     unshare = shutil.which("unshare")
     if unshare is None:
@@ -71,7 +75,7 @@ def namespace_prefix() -> tuple[str, ...]:
     command = (unshare, *_NAMESPACES)
     with tempfile.TemporaryDirectory(prefix="minirl-sandbox-probe-") as work:
         Path(work, SCRIPT).write_text("")
-        # cpu_s, memory, file size, open files, processes, wall_s; contain the filesystem; no report pipe
+        # cpu_s, memory, file size, open files, processes, wall_s; a root of its own; no report pipe
         limits = (5, 256 << 20, 1 << 20, 64, 64, 10, 1, -1)
         try:
             probe = subprocess.run(
@@ -104,7 +108,7 @@ def _command(limits: SandboxConfig, timeout_s: float, report_fd: int) -> list[st
     mb = 1 << 20
     rlimits = (limits.cpu_s, limits.memory_mb * mb, limits.file_mb * mb, limits.open_files, limits.processes)
     namespaces = namespace_prefix()
-    # the filesystem is contained in namespaces; the init reports how the worker ended on report_fd
+    # in namespaces the run gets a root of its own; the init reports how the worker ended on report_fd
     arguments = (*rlimits, math.ceil(timeout_s), int(bool(namespaces)), report_fd)
     return [*namespaces, *_interpreter(), *map(str, arguments)]
 
@@ -161,7 +165,7 @@ def run_python(code: str, limits: SandboxConfig, timeout_s: float) -> SandboxRun
                 proc = subprocess.Popen(
                     _command(limits, timeout_s, report_end),
                     cwd=work,
-                    env=_environment(str(work)),
+                    env=_environment(CONTAINED_WORKDIR if namespace_prefix() else str(work)),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,

@@ -1,6 +1,6 @@
 """What a sandboxed interpreter runs first: `python -B -s -S sandbox_child.py CPU_S AS FSIZE NOFILE NPROC WALL_S
-CONTAIN REPORT_FD`, CONTAIN 1 when it runs in its own namespaces (`contain_filesystem` then runs first),
-REPORT_FD a pipe for how the worker ended (-1: none).
+CONTAIN REPORT_FD`, CONTAIN 1 when it runs in its own namespaces (`enter_own_root` then runs first; 0:
+the audit hook also confines reads), REPORT_FD a pipe for how the worker ended (-1: none).
 
 Standard library only: the interpreter starts without site-packages, so minirl is not importable.
 
@@ -16,10 +16,13 @@ its traceback from the first frame of `main.py` on and exits 1.
 The audit hook (PEP 578) refuses: creating processes, signalling other processes, sockets,
 ctypes, changing resource limits, changing permissions or making links, writing, deleting or
 renaming anything outside the working directory, opening a directory outside it (a `dir_fd`
-could otherwise reach out), and reading another process's `/proc/<pid>`. A hook runs inside the
-process it guards, so it stops mistakes and casual escapes, not a determined exploit of CPython.
+could otherwise reach out), reading another process's `/proc/<pid>`, and, without namespaces,
+reading or listing anything outside the working directory and the standard library. A hook runs
+inside the process it guards, so it stops mistakes and casual escapes, not a determined exploit of
+CPython: in namespaces the run's own root and its lack of capabilities are the boundary.
 """
 
+import contextlib
 import errno
 import itertools
 import os
@@ -73,8 +76,8 @@ _CHANGED_PATHS = {
 }
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _PROC_PID = re.compile(r"/proc/(\d+)(/|$)")
-# mount(2) flags (linux/mount.h); a remount must repeat a mount's nosuid, nodev, noexec and atime flags
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
+# mount(2) and umount2(2) flags (linux/mount.h); a remount must repeat a mount's nosuid, nodev, noexec, atime flags
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MNT_DETACH = 1, 2, 4, 32, 4096, 16384, 2
 _KEPT_MOUNT_FLAGS = {
     "nosuid": MS_NOSUID,
     "nodev": MS_NODEV,
@@ -85,6 +88,21 @@ _KEPT_MOUNT_FLAGS = {
     "strictatime": 1 << 24,
 }
 _MOUNTINFO_ESCAPE = re.compile(r"\\([0-7]{3})")  # a space in a mount point reads \040
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}  # syscall numbers
+# In namespaces the code's working directory, HOME and TMPDIR: the only writable place of its own root
+CONTAINED_WORKDIR = "/sandbox"
+# besides the standard library, what the interpreter may load: shared libraries (extension modules link
+# against them) and the dynamic loader's cache; one that is a symlink here (merged /usr) is one there too
+_SYSTEM_PATHS = ("/lib", "/lib32", "/lib64", "/usr/lib", "/usr/lib32", "/usr/lib64", "/etc/ld.so.cache")
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+_DEVICE_LINKS = {
+    "fd": "/proc/self/fd",
+    "stdin": "/proc/self/fd/0",
+    "stdout": "/proc/self/fd/1",
+    "stderr": "/proc/self/fd/2",
+}
+# prctl(2) options, the last capability number there may ever be, and capset(2)'s header version 3
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, CAP_LAST, CAPABILITY_VERSION_3 = 24, 38, 63, 0x20080522
 
 
 def _mount_points() -> list[tuple[str, int]]:
@@ -98,30 +116,110 @@ def _mount_points() -> list[tuple[str, int]]:
     return points
 
 
-def contain_filesystem(workdir: str, disk_bytes: int) -> None:
-    """In the run's own mount namespace (the `unshare` the sandbox starts it under): the working directory
-    becomes a fresh tmpfs of `disk_bytes` holding a copy of `main.py`, and every other mount read-only.
-    The code can then change nothing outside its working directory whatever it does to the audit hook,
-    and what it writes disappears with the namespace."""
-    import ctypes  # the audit hook refuses ctypes; it is not installed yet
+def _bound_paths() -> list[str]:
+    """What the run's root holds of this machine, read-only: the directories of the standard library (the
+    interpreter runs without site-packages) and the system's shared libraries, each at its own path and never
+    its parent's (a virtual environment may live in a home directory); a path under one already bound is left
+    to it."""
+    paths = sorted({os.path.abspath(p) for p in [*sys.path[1:], *_SYSTEM_PATHS] if os.path.lexists(p)})
+    kept: list[str] = []
+    for path in paths:
+        if not any(path.startswith(k + os.sep) for k in kept):
+            kept.append(path)
+    return kept
 
-    libc = ctypes.CDLL(None, use_errno=True)
 
-    def mount(target: str, flags: int, fstype: bytes | None = None, data: bytes | None = None) -> int:
-        return 0 if libc.mount(fstype, target.encode(), fstype, flags, data) == 0 else ctypes.get_errno()
+class _Libc:
+    """The few system calls that build the run's root, through ctypes (the audit hook is not installed yet)."""
 
+    def __init__(self) -> None:
+        import ctypes
+        import platform
+
+        self.ctypes = ctypes
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.pivot_root_number = _PIVOT_ROOT.get(platform.machine())
+
+    def check(self, result: int, what: str) -> None:
+        if result != 0:
+            error = self.ctypes.get_errno()
+            raise OSError(error, f"{what}: {os.strerror(error)}")
+
+    def mount(self, source: str | None, target: str, flags: int, fstype: str | None = None, data: bytes = b""):
+        strings = [None if text is None else text.encode() for text in (source, target, fstype)]
+        self.check(self.libc.mount(*strings, flags, data or None), f"mounting {source} on {target}")
+
+    def pivot_root(self, new_root: str) -> None:
+        """`new_root` becomes / and the old root is detached: nothing outside it can be reached by path."""
+        if self.pivot_root_number is None:
+            raise OSError(errno.ENOSYS, "pivot_root: no system call number known for this machine")
+        os.chdir(new_root)
+        self.check(self.libc.syscall(self.pivot_root_number, b".", b"."), "pivot_root")  # old root stacked on top
+        self.check(self.libc.umount2(b".", MNT_DETACH), "detaching the old root")
+        os.chdir("/")
+
+    def drop_capabilities(self) -> None:
+        """No capability left, none to regain by exec: the code cannot remount, unmount or mount anything."""
+        for capability in range(CAP_LAST + 1):
+            self.libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0)  # EINVAL past the kernel's last one
+        self.check(self.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+        header = (self.ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0)
+        empty = (self.ctypes.c_uint32 * 6)()  # effective, permitted, inheritable; two 32-bit words each
+        self.check(self.libc.capset(header, empty), "capset")
+
+
+def enter_own_root(disk_bytes: int) -> None:
+    """In the run's own user, mount and pid namespaces (the `unshare` the sandbox starts it under): pivot into
+    a root of the run's own and drop every capability. That root is an empty tmpfs holding only the bound
+    paths (`_bound_paths`, read-only), a few device nodes, this pid namespace's /proc (read-only), and the
+    working directory `CONTAINED_WORKDIR`: a fresh tmpfs of `disk_bytes` holding a copy of `main.py`. The
+    trainer's home, /tmp, /dev/shm, /run and every other file of the machine are absent, whatever the code
+    does to the audit hook, and what it writes disappears with the namespace."""
     with open(SCRIPT, "rb") as f:
         code = f.read()
-    points = _mount_points()
-    error = mount(workdir, MS_NOSUID | MS_NODEV, b"tmpfs", f"size={disk_bytes},mode=700".encode())
-    if error:
-        raise OSError(error, f"mounting a tmpfs on the working directory: {os.strerror(error)}")
-    for point, kept in points:
-        error = mount(point, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
-        # EINVAL: a mount hidden under another one (the run's own /proc covers the machine's)
-        if error and error != errno.EINVAL:
-            raise OSError(error, f"making {point} read-only: {os.strerror(error)}")
-    os.chdir(workdir)  # into the tmpfs
+    calls = _Libc()
+    root = os.path.realpath(os.getcwd())  # the run's directory on the host becomes the mount point of its root
+    calls.mount("tmpfs", root, MS_NOSUID | MS_NODEV, "tmpfs", b"size=1m,mode=755")
+
+    def inside(path: str) -> str:
+        return root + path
+
+    for path in _bound_paths():
+        if path in _SYSTEM_PATHS and os.path.islink(path):  # /lib -> usr/lib: bound as /usr/lib
+            os.makedirs(os.path.dirname(inside(path)), exist_ok=True)
+            os.symlink(os.readlink(path), inside(path))
+            continue
+        if os.path.isdir(path):
+            os.makedirs(inside(path), exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(inside(path)), exist_ok=True)
+            open(inside(path), "w").close()
+        calls.mount(path, inside(path), MS_BIND | MS_REC)
+    os.makedirs(inside("/dev"))
+    for device in _DEVICES:
+        open(inside(device), "w").close()
+        calls.mount(device, inside(device), MS_BIND)
+    for name, target in _DEVICE_LINKS.items():
+        os.symlink(target, inside(f"/dev/{name}"))
+    # no nested user namespace, which would hold capabilities again (over locked copies of these mounts: hardening)
+    with contextlib.suppress(OSError), open("/proc/sys/user/max_user_namespaces", "w") as f:
+        f.write("0")
+    os.makedirs(inside("/proc"))
+    calls.mount("/proc", inside("/proc"), MS_BIND | MS_REC)  # unshare --mount-proc made it for this pid namespace
+    os.makedirs(inside(CONTAINED_WORKDIR))
+    workdir_options = f"size={disk_bytes},mode=700".encode()
+    calls.mount("tmpfs", inside(CONTAINED_WORKDIR), MS_NOSUID | MS_NODEV, "tmpfs", workdir_options)
+    writable = (inside(CONTAINED_WORKDIR), *map(inside, _DEVICES))
+    for point, kept in _mount_points():
+        if (point == root or point.startswith(root + os.sep)) and point not in writable:
+            try:
+                calls.mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
+            except OSError as err:  # EINVAL: a mount hidden under another one, unreachable
+                if err.errno != errno.EINVAL:
+                    raise
+    calls.pivot_root(root)
+    calls.drop_capabilities()
+    os.chdir(CONTAINED_WORKDIR)
     with open(SCRIPT, "wb") as f:
         f.write(code)
 
@@ -141,26 +239,37 @@ def _deny(what: str) -> None:
 
 
 class Guard:
-    """The audit hook: `workdir` is the only tree the code may change."""
+    """The audit hook: `workdir` is the only tree the code may change. Given `readable` (without namespaces,
+    where the machine's files are all there), the code may read only inside those trees, the working
+    directory, the device nodes of `_DEVICES` and its own /proc/<pid>."""
 
-    def __init__(self, workdir: str) -> None:
+    def __init__(self, workdir: str, readable: tuple[str, ...] | None = None) -> None:
         self.workdir = workdir
         self.pid = str(os.getpid())
         # the capture files behind stdout and stderr stay writable by name (/dev/stdout)
         self.writable = {"/dev/null", *(os.path.realpath(f"/proc/self/fd/{fd}") for fd in (1, 2))}
+        self.readable = readable if readable is None else (*readable, workdir, f"/proc/{self.pid}")
 
     def _resolve(self, path, dir_fd) -> str | None:
         if isinstance(path, int):  # an open file descriptor: its open was checked
             return None
         base = os.readlink(f"/proc/self/fd/{dir_fd}") if dir_fd not in (None, -1) else os.getcwd()
-        return os.path.realpath(os.path.join(base, os.fsdecode(path)))
+        return os.path.realpath(os.path.join(base, os.fsdecode("." if path is None else path)))
 
     def _inside(self, real: str) -> bool:
         return real == self.workdir or real.startswith(self.workdir + os.sep) or real in self.writable
 
+    def _check_read(self, real: str | None) -> None:
+        if real is None or self.readable is None or real in self.writable or real in _DEVICES:
+            return
+        if not any(real == tree or real.startswith(tree + os.sep) for tree in self.readable):
+            _deny(f"reading {real} (outside the working directory and the standard library)")
+
     def __call__(self, event: str, args: tuple) -> None:
         if event == "open":
             self._check_open(args[0], args[2])  # (path, mode, flags)
+        elif event in ("os.listdir", "os.scandir"):
+            self._check_read(self._resolve(args[0], None))
         elif event in _CHANGED_PATHS:
             for path_index, fd_index in _CHANGED_PATHS[event]:
                 dir_fd = args[fd_index] if fd_index is not None and fd_index < len(args) else None
@@ -183,6 +292,7 @@ class Guard:
         match = _PROC_PID.match(real)
         if match and match.group(1) != self.pid:
             _deny(f"reading another process's {match.group(0)}")
+        self._check_read(real)
 
 
 def _print_traceback(err: BaseException) -> None:
@@ -198,14 +308,15 @@ def _print_traceback(err: BaseException) -> None:
     sys.stderr.write("".join(top.format()))
 
 
-def run_worker(limits: list[int]) -> None:
+def run_worker(limits: list[int], contained: bool) -> None:
     set_limits(*limits)
+    stdlib = tuple(os.path.realpath(p) for p in sys.path[1:])  # no site-packages: -S
     sys.path[0] = os.getcwd()  # as for `python main.py`, not this file's directory
     # no audit event covers these: they would reach other processes by pid or leave the process group
     for module, name in itertools.product((os, posix), ("pidfd_open", "setsid", "setpgid", "setpgrp")):
         module.__dict__.pop(name, None)
     signal.__dict__.pop("pidfd_send_signal", None)
-    sys.addaudithook(Guard(os.path.realpath(os.getcwd())))
+    sys.addaudithook(Guard(os.path.realpath(os.getcwd()), readable=None if contained else stdlib))
     try:
         runpy.run_path(SCRIPT, run_name="__main__")
     except SystemExit:
@@ -218,12 +329,12 @@ def run_worker(limits: list[int]) -> None:
 def main() -> None:
     *limits, wall_s, contain, report_fd = (int(arg) for arg in sys.argv[1:])
     if contain:
-        contain_filesystem(os.path.realpath(os.getcwd()), limits[2])  # a tmpfs as large as one file may be
+        enter_own_root(disk_bytes=limits[2])  # a working directory as large as one file may be
     worker = os.fork()
     if worker == 0:
         if report_fd >= 0:
             os.close(report_fd)  # the code cannot write the report
-        run_worker(limits)
+        run_worker(limits, contained=bool(contain))
         return
     signal.signal(signal.SIGALRM, lambda *_: os.kill(worker, signal.SIGKILL))
     signal.alarm(wall_s + 1)
