@@ -219,6 +219,9 @@ def enter_own_root(disk_bytes: int) -> None:
                     raise
     calls.pivot_root(root)
     calls.drop_capabilities()
+    del calls  # and forget ctypes: the code's own `import ctypes` meets the audit hook, as without namespaces
+    for name in [name for name in sys.modules if name.split(".")[0] in ("ctypes", "_ctypes")]:
+        del sys.modules[name]
     os.chdir(CONTAINED_WORKDIR)
     with open(SCRIPT, "wb") as f:
         f.write(code)
