@@ -133,8 +133,8 @@ def tool_model_dir(tmp_path_factory):
 SHAPED_REWARD = "reward=minimind"
 
 
-def debug_config(cache_dir: Path, run_dir: Path, *overrides: str):
-    """The composed config of the debug preset (a very small tiny model, two steps) with `overrides`."""
+def compose_config(cache_dir: Path, run_dir: Path, *overrides: str):
+    """The composed, validated config of `overrides`, building the tiny model in `cache_dir`, run in `run_dir`."""
     from hydra import compose, initialize_config_dir
 
     from minirl.config import register_configs, to_config
@@ -142,9 +142,14 @@ def debug_config(cache_dir: Path, run_dir: Path, *overrides: str):
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = to_config(compose("config", overrides=["debug=cpu", f"model.cache_dir={cache_dir}", *overrides]))
+        cfg = to_config(compose("config", overrides=[f"model.cache_dir={cache_dir}", *overrides]))
     cfg.output_dir = str(run_dir)
     return cfg
+
+
+def debug_config(cache_dir: Path, run_dir: Path, *overrides: str):
+    """The composed config of the debug preset (a very small tiny model, two steps) with `overrides`."""
+    return compose_config(cache_dir, run_dir, "debug=cpu", *overrides)
 
 
 def start_server(run_dir: Path, *overrides: str, api_key: str | None = None) -> ServerProcess:

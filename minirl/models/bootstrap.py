@@ -5,7 +5,8 @@ SFT configs, the warm-start corpus among them, the data split, and the source of
 generates the corpus and the model),
 so a changed setting or generator builds a fresh model instead of reusing a stale one. Each
 stage is written to a temporary directory and renamed into place, so a crash never leaves a
-half-written checkpoint that looks complete.
+half-written checkpoint that looks complete. Each stage's directory also holds `BUILD_RECORD`, what
+its training measured (final loss, steps, seconds), which the preset checks compare with the docs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from rich.progress import Progress, TextColumn
 from minirl.config import Config, DType
 from minirl.data import WARM_START_CORPORA
 
+BUILD_RECORD = "minirl_build.json"
 # files whose source decides what the built model is, besides those of the warm-start corpus
 _SOURCES = [
     ("minirl.models", "tiny.py"),
@@ -54,11 +56,13 @@ def cache_key(cfg: Config) -> str:
     return h.hexdigest()[:12]
 
 
-def _save_atomically(target: Path, model, tokenizer) -> None:
+def _save_atomically(target: Path, model, tokenizer, record: dict) -> None:
+    """The model and tokenizer, with `record` as BUILD_RECORD, in `target` at once or not at all."""
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    (tmp / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     try:
         os.replace(tmp, target)
     except OSError:  # another process finished the same build first
@@ -87,7 +91,8 @@ def _build_base(cfg: Config, target: Path, console) -> None:
     loss = _run_with_progress(console, "copy pretraining", lambda on_step: pretrain_copying(model, tiny, on_step))
     elapsed = time.perf_counter() - start
     console.print(f"copy pretraining: {tiny.copy_pretrain_steps} steps in {elapsed:.0f}s, final loss {loss:.3f}")
-    _save_atomically(target, model, tokenizer)
+    record = {"stage": "copy pretraining", "steps": tiny.copy_pretrain_steps, "final_loss": loss, "seconds": elapsed}
+    _save_atomically(target, model, tokenizer, record)
 
 
 def _warm_start(cfg: Config, base: Path, target: Path, console) -> None:
@@ -107,8 +112,17 @@ def _warm_start(cfg: Config, base: Path, target: Path, console) -> None:
     loss = _run_with_progress(
         console, "SFT", lambda on_step: train_sft(model, tokenizer, examples, cfg.sft, device, on_step=on_step)
     )
-    console.print(f"warm start done in {time.perf_counter() - start:.0f}s, final epoch loss {loss:.3f}")
-    _save_atomically(target, model, tokenizer)
+    elapsed = time.perf_counter() - start
+    console.print(f"warm start done in {elapsed:.0f}s, final epoch loss {loss:.3f}")
+    record = {
+        "stage": "warm start",
+        "corpus": cfg.sft.corpus,
+        "conversations": len(examples),
+        "epochs": cfg.sft.epochs,
+        "final_epoch_loss": loss,
+        "seconds": elapsed,
+    }
+    _save_atomically(target, model, tokenizer, record)
 
 
 @contextmanager
