@@ -15,7 +15,7 @@ scratch, no stdin and no inherited descriptors. Containment, from the kernel inw
   libraries bound read-only, a few device nodes, its own /proc, and the working directory
   `/sandbox` (also HOME and TMPDIR), a fresh tmpfs of `file_mb`; the trainer's home, /tmp and every
   other file of the machine are not there at all. It then drops every capability, so nothing can be
-  remounted, and no nested user namespace can be made;
+  remounted, and (where the kernel lets it) no nested user namespace can be made;
 - without namespaces, `code_interpreter` refuses to start unless `tools.sandbox.allow_unconfined`;
   then the audit hook alone keeps reads in the working directory and the standard library;
 - resource limits the interpreter sets on itself before the code runs (`sandbox_child.py`): CPU
