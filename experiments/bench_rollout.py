@@ -20,10 +20,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from rich.console import Console
 
+from minirl.bootstrap import model_path
 from minirl.config import register_configs, to_config
 from minirl.data import DATASETS
 from minirl.entry import CONF_DIR
-from minirl.models.loading import load_model, load_tokenizer, resolve_model_path
+from minirl.models.loading import load_model, load_tokenizer
 from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import ENGINES, SamplingParams
 from minirl.tools import ToolExecutor
@@ -40,7 +41,7 @@ def main() -> None:
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = to_config(compose("config", overrides=[f"model.name_or_path={args.model}"]))
-    path = resolve_model_path(cfg, Console(stderr=True))
+    path = model_path(cfg, Console(stderr=True))
     tokenizer = load_tokenizer(path, cfg)
     model = load_model(path, cfg, torch.device("cpu"), trainable=False)
     tasks = DATASETS.get(cfg.data.name)(cfg.data).train[: args.prompts]

@@ -15,8 +15,8 @@ import os
 import time
 
 from minirl.config import SandboxConfig, ToolsConfig
-from minirl.protocol.parsing import ToolCall
 from minirl.tools import ToolExecutor, build_tools, sandbox
+from minirl.tools.base import ToolCall
 
 PROGRAMS = {
     "print": "print(6 * 7)",

@@ -27,7 +27,7 @@ from minirl.entry import CONF_DIR
 from minirl.evaluation.backends import LocalBackend
 from minirl.metrics import success_by_kind
 from minirl.rewards import SUCCESS_CRITERIA, score_all
-from minirl.rollout.trajectory import FinishReason, Trajectory
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
 
 
 def unseen_heldout(cfg, size: int) -> list[Task]:
@@ -48,7 +48,7 @@ def failure_mode(traj: Trajectory, solved: bool) -> str:
     arguments, or right calls and an answer without every gt value."""
     if solved:
         return "solved"
-    if traj.finish_reason is not FinishReason.ANSWER:
+    if traj.finish_reason is not TrajectoryEnd.ANSWER:
         return f"ended: {traj.finish_reason.value}"
     calls = [call for turn in traj.turns for call in turn.parsed.tool_calls]
     reference = [call["function"] for m in traj.task.reference for call in m.get("tool_calls", [])]

@@ -18,9 +18,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from minirl.protocol.parsing import CallPolicy
-from minirl.registry import ConfigError
-from minirl.tools.minimind import MINIMIND_TOOL_NAMES
+from minirl.errors import ConfigError
 
 # A sampling temperature below this decodes greedily, as in vLLM: logits divided by it could overflow float32.
 GREEDY_BELOW = 1e-5
@@ -29,6 +27,30 @@ GREEDY_BELOW = 1e-5
 def _check(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"{key}: {message}")
+
+
+# MiniMind's six mock tools (minirl/tools/minimind.py registers them): the default tool set
+MINIMIND_TOOL_NAMES = (
+    "calculate_math",
+    "unit_converter",
+    "get_current_weather",
+    "get_current_time",
+    "get_exchange_rate",
+    "translate_text",
+)
+
+
+class CallPolicy(str, Enum):
+    multi = "multi"  # MiniMind: several calls per turn, up to a maximum
+    strict_single = "strict_single"  # ReTool: one call, nothing after it, no empty argument
+
+
+class PhrasingSet(str, Enum):
+    """Which wordings of the synthetic questions a split draws from; the warm start always uses core."""
+
+    core = "core"  # the warm start's own wordings
+    all = "all"  # seen and unseen wordings
+    unseen = "unseen"  # only wordings the warm start never saw: RL must generalise
 
 
 class DType(str, Enum):
@@ -119,8 +141,6 @@ class SandboxConfig:
 @dataclass
 class ToolsConfig:
     names: List[str] = field(default_factory=lambda: list(MINIMIND_TOOL_NAMES))
-    # Python modules imported at start-up, before `names` is resolved, so their @tool functions register
-    imports: List[str] = field(default_factory=list)
     timeout_s: float = 2.0  # per call
     max_output_chars: int = 2048  # observation cap; longer output is cut with a marker
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # code_interpreter only
@@ -302,17 +322,16 @@ class DataConfig:
     seed: int = 0
     # synthetic datasets: wordings of the RL and held-out questions; the warm start only ever sees
     # the "core" ones, so "unseen" makes RL generalise to new wordings (all | unseen | core)
-    phrasings: str = "all"
+    phrasings: PhrasingSet = PhrasingSet.all
     on_error: OnError = OnError["raise"]  # a malformed jsonl row: raise (naming file:line) | skip (counted, logged)
     max_row_bytes: int = 1_000_000  # a longer jsonl line is malformed
 
     def __post_init__(self) -> None:
         _check(self.max_row_bytes > 0, "data.max_row_bytes", "must be > 0")
-        from minirl.data.generation import PHRASING_SETS  # not at the top: minirl.data imports this module
-
         _check(self.train_size > 0, "data.train_size", "must be > 0")
         _check(self.heldout_size > 0, "data.heldout_size", "must be > 0")
-        _check(self.phrasings in PHRASING_SETS, "data.phrasings", f"must be one of {', '.join(PHRASING_SETS)}")
+        known = [p.value for p in PhrasingSet]
+        _check(self.phrasings in known, "data.phrasings", f"must be one of {', '.join(known)}")
 
 
 class Resume(str, Enum):
@@ -341,7 +360,7 @@ class TrainerConfig:
     eval_every: int = 10  # held-out evaluation every N steps (and at step 0 and the end)
     eval_temperature: float = 0.0  # 0 = greedy
     save_final: bool = True
-    # checkpoints (minirl/checkpoint.py): every save_every steps (0 = never) into <run dir>/checkpoints,
+    # checkpoints (minirl/training/checkpoint.py): every save_every steps (0 = never) into <run dir>/checkpoints,
     # keeping the newest keep_last; resume: never | auto (continue from the run directory's newest one)
     save_every: int = 0
     keep_last: int = 2
@@ -446,6 +465,9 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # Python modules imported at start-up, before any registry name resolves (minirl/validate.py), so that
+    # their @tool functions, reward terms, losses, advantage estimators and datasets register
+    imports: List[str] = field(default_factory=list)
     output_dir: str = "."  # set by the entry point to the Hydra run directory
 
     def __post_init__(self) -> None:

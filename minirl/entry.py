@@ -14,8 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from minirl.config import Config, register_configs, to_config
-from minirl.data.task import DataError
-from minirl.registry import ConfigError
+from minirl.errors import ConfigError, DataError
 
 # errors in what the user gave (config values, dataset files): one line and exit status 2, no traceback
 USER_ERRORS = {ConfigError: "config error", DataError: "data error"}

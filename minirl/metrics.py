@@ -10,7 +10,7 @@ import torch
 
 from minirl.algos.dapo import tied_groups, truncated
 from minirl.rewards import SuccessCriterion
-from minirl.rollout.trajectory import FinishReason, Trajectory
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
 from minirl.tools.base import ToolStatus
 
 
@@ -43,7 +43,7 @@ def rollout_metrics(trajs: list[Trajectory], solved: SuccessCriterion, prefix: s
     for name in trajs[0].reward_terms:
         out[f"reward/{name}"] = fmean(t.reward_terms[name] for t in trajs)
     ended = Counter(t.finish_reason for t in trajs)
-    for reason in FinishReason:
+    for reason in TrajectoryEnd:
         out[f"rollout/finish_{reason.value}"] = ended[reason] / len(trajs)
     return {prefix + k: v for k, v in out.items()}
 

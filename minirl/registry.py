@@ -14,11 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from minirl.errors import ConfigError
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A configuration problem the user can fix; the message names the key and the fix."""
 
 
 class Registry(Generic[T]):

@@ -10,8 +10,9 @@ from pathlib import Path
 from rich.console import Console
 
 from minirl.config import Config
+from minirl.errors import ConfigError
 from minirl.inspection.files import METRICS_FILE, TRAJECTORIES_FILE, keep_through_step
-from minirl.registry import ConfigError, Registry
+from minirl.registry import Registry
 
 BACKENDS: Registry[type] = Registry("logger backend")
 

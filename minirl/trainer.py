@@ -4,7 +4,7 @@
     (-> trajectories.jsonl every trainer.trajectories_every steps -> held-out eval -> checkpoint)
 
 A step whose loss or gradient is not finite skips its update (trainer.max_bad_steps in a row stop the
-run); `trainer.resume=auto` continues from the run directory's newest checkpoint (minirl/checkpoint.py)
+run); `trainer.resume=auto` continues from the run directory's newest checkpoint (minirl/training/checkpoint.py)
 with the same optimizer, schedule, RNG and data position, so the run goes on as if never stopped.
 
 Example (what `python -m minirl.train` runs after composing the config):
@@ -18,30 +18,27 @@ Example (what `python -m minirl.train` runs after composing the config):
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-import numpy as np
 import torch
 from rich.console import Console
 
-from minirl.algos.advantages import ADV_ESTIMATORS, GROUP_BASELINE
+from minirl.algos.advantages import ADV_ESTIMATORS
 from minirl.algos.dapo import overlong_penalty, tied_groups, tokens_to_limit, truncated
-from minirl.algos.kl import KL_ESTIMATORS, sequence_kl
-from minirl.algos.losses import AGGREGATIONS, LOSSES, micro_batch_share
+from minirl.algos.kl import sequence_kl
+from minirl.algos.losses import LOSSES, micro_batch_share
 from minirl.algos.rollout_correction import rollout_correction
-from minirl.checkpoint import latest_checkpoint, load_trainer_state, restore_rng_state, rng_state, save_checkpoint
+from minirl.bootstrap import model_path
 from minirl.config import Config, LRSchedule, OldLogprobs, Overlong, Resume
-from minirl.data import DATASETS, WARM_START_CORPORA
+from minirl.data import DATASETS
 from minirl.data.task import Task
-from minirl.decoding import prompt_shared_logits
+from minirl.errors import TrainingError
 from minirl.evaluation.compare import paired_split, sign_test_p
-from minirl.faults import TrainingError, reported_out_of_memory
 from minirl.inspection import (
     TRAJECTORIES_FILE,
     trajectory_panel,
@@ -50,161 +47,34 @@ from minirl.inspection import (
     write_trajectories,
 )
 from minirl.metrics import advantage_metrics, group_metrics, heldout_metrics, rollout_metrics
-from minirl.models.loading import load_model, load_tokenizer, resolve_device, resolve_model_path
+from minirl.models.loading import load_model, load_tokenizer
 from minirl.protocol.chat import TemplateError
-from minirl.protocol.formats import CALL_FORMATS
-from minirl.registry import ConfigError
-from minirl.rewards import SUCCESS_CRITERIA, check_weights, score_all
+from minirl.rewards import SUCCESS_CRITERIA, score_all
 from minirl.rollout.agent_loop import AgentLimits, replay_reference, run_agent
-from minirl.rollout.engine import ENGINES, SamplingParams, build_engine
-from minirl.rollout.trajectory import FinishReason, Trajectory
-from minirl.sampling import warped
-from minirl.tools import TOOLS, ToolExecutor, import_tool_modules
+from minirl.rollout.engine import SamplingParams, build_engine
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
+from minirl.runtime import resolve_device, seed_everything
+from minirl.tools import ToolExecutor
 from minirl.tools.base import check_offered_tools
-from minirl.tracking import BACKENDS, Tracker
-
-
-def check_names(cfg: Config) -> None:
-    """Resolve every registry name in the config; runs before any model loads."""
-    import_tool_modules(cfg.tools.imports)  # their @tool functions register before the names resolve
-    for name in cfg.tools.names:
-        TOOLS.get(name).check_config(cfg.tools)
-    check_weights(cfg.reward.weights)
-    SUCCESS_CRITERIA.get(cfg.reward.success)
-    LOSSES.get(cfg.loss.name)
-    AGGREGATIONS.get(cfg.loss.agg)
-    KL_ESTIMATORS.get(cfg.loss.kl_estimator)
-    KL_ESTIMATORS.get(cfg.algo.kl_estimator)
-    ADV_ESTIMATORS.get(cfg.algo.adv_estimator)
-    if cfg.algo.adv_estimator in GROUP_BASELINE and cfg.rollout.group_size < 2:
-        raise ConfigError(
-            f"rollout.group_size: algo.adv_estimator={cfg.algo.adv_estimator} compares each sample with the rest of "
-            "its group, so a group of 1 never learns; use >= 2 or algo.adv_estimator=reinforce_plus_plus"
-        )
-    ENGINES.get(cfg.rollout.engine)
-    DATASETS.get(cfg.data.name)
-    WARM_START_CORPORA.get(cfg.sft.corpus)
-    BACKENDS.get(cfg.logger.backend)
-    CALL_FORMATS.get(cfg.protocol.format)
-
-
-def seed_everything(seed: int, deterministic: bool) -> None:
-    """Seed every RNG; `deterministic` also picks kernels whose float sums run in a fixed order, so that a
-    seed gives the same run each time (on CPU, accumulating index writes otherwise add in thread order)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for fixed-order sums
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
-
-
-@dataclass
-class PolicyBatch:
-    """Trajectories as tensors in target space: column t scores input_ids[:, start + t + 1]. Every log-prob
-    is of the distribution the sampler drew from: logits / temperature, then top-k and top-p, renormalised."""
-
-    input_ids: torch.Tensor  # [N, L] prompt + response, right-padded
-    attention_mask: torch.Tensor  # [N, L]
-    start: int  # first position whose next token can be an action (shortest prompt - 1)
-    # [N, L - 1 - start] log pi_old of the target tokens: the sampler's (collate), or the trainer's own
-    # recomputation under algo.old_logprobs=recompute (Trainer.prepare_batch)
-    old_logp: torch.Tensor
-    mask: torch.Tensor  # [N, L - 1 - start] 1.0 at action tokens: sampled by the policy, or a replayed reference's
-    advantages: torch.Tensor  # [N]
-    prompt_lengths: torch.Tensor  # [N] tokens of each row's prompt (a group's rows share theirs)
-    ref_logp: torch.Tensor | None = None  # [N, L - 1 - start] frozen reference's log-probs; None without one
-    is_weights: torch.Tensor | None = None  # [N, L - 1 - start] rollout IS weights (algo.rollout_is=token); None = 1
-
-    def _map(self, fn) -> PolicyBatch:
-        tensors = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "start"}
-        return replace(self, **{name: fn(t) for name, t in tensors.items() if t is not None})
-
-    def rows(self, index: slice | torch.Tensor) -> PolicyBatch:
-        return self._map(lambda t: t[index])
-
-    def to(self, device: torch.device) -> PolicyBatch:
-        return self._map(lambda t: t.to(device))
-
-    def narrowed(self) -> tuple[PolicyBatch, int]:
-        """(the same rows over only the columns they use, its first target column in this batch's columns).
-        Inputs end at the longest row; targets start at the first column where a row has an action. A
-        model's log-probs on it equal its log-probs on this batch at those columns: the rows are
-        right-padded and attention is causal, so cut columns change nothing before them."""
-        width = int(self.attention_mask.sum(dim=1).max())
-        actions = (self.mask > 0).any(dim=0).nonzero()
-        first = int(actions[0]) if len(actions) else 0  # an action's column always lies before `width`
-        targets = slice(first, width - 1 - self.start)
-        per_target = {name: getattr(self, name) for name in ("old_logp", "mask", "ref_logp", "is_weights")}
-        narrow = {name: t[:, targets] for name, t in per_target.items() if t is not None}
-        inputs = {"input_ids": self.input_ids[:, :width], "attention_mask": self.attention_mask[:, :width]}
-        return replace(self, **inputs, **narrow, start=self.start + first), first
-
-
-def collate(trajs: list[Trajectory], advantages: torch.Tensor, pad_id: int) -> PolicyBatch:
-    width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
-    start = min(len(t.prompt_ids) for t in trajs) - 1
-    n = len(trajs)
-    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((n, width), dtype=torch.long)
-    old_logp = torch.zeros((n, width - 1 - start))
-    mask = torch.zeros((n, width - 1 - start))
-    for row, t in enumerate(trajs):
-        ids = t.prompt_ids + t.response_ids
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention[row, : len(ids)] = 1
-        first = len(t.prompt_ids) - 1 - start  # column predicting the first response token
-        old_logp[row, first : first + len(t.response_ids)] = torch.tensor(t.sampler_logprobs)
-        mask[row, first : first + len(t.response_ids)] = torch.tensor(t.action_mask, dtype=torch.float)
-    prompt_lengths = torch.tensor([len(t.prompt_ids) for t in trajs])
-    return PolicyBatch(input_ids, attention, start, old_logp, mask, advantages, prompt_lengths)
-
-
-def sampling_logprobs(
-    model, batch: PolicyBatch, temperature: float, top_p: float = 1.0, top_k: int = 0
-) -> torch.Tensor:
-    """[N, L - 1 - start, V] log-probs of the distribution each target token was sampled from: the policy's
-    logits divided by the temperature, filtered by top-k then top-p, renormalised; what the HF and vLLM engines
-    report as sampler log-probs. The target token always stays in (`warped`'s `kept`)."""
-    keep = batch.input_ids.shape[1] - batch.start  # logits only where an action can be predicted
-    # each prompt once; its last token stays in every row, its logit predicts the first action
-    logits = prompt_shared_logits(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths - 1, keep)
-    targets = batch.input_ids[:, batch.start + 1 :]  # [N, L - 1 - start]
-    return warped(logits[:, :-1].float(), temperature, top_p, top_k, kept=targets).log_softmax(dim=-1)
-
-
-def target_logprobs(dist: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
-    """[N, L - 1 - start] the entries of dist [N, L - 1 - start, V] at the target tokens."""
-    return dist.gather(-1, batch.input_ids[:, batch.start + 1 :].unsqueeze(-1)).squeeze(-1)
-
-
-def token_logprobs(model, batch: PolicyBatch, temperature: float, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
-    """[N, L - 1 - start] log-probs of the target tokens under the sampling distribution (sampling_logprobs)."""
-    return target_logprobs(sampling_logprobs(model, batch, temperature, top_p, top_k), batch)
-
-
-def micro_batches(batch: PolicyBatch, rows: torch.Tensor, size: int) -> list[tuple[torch.Tensor, PolicyBatch, int]]:
-    """batch[rows] in micro-batches of `size` rows, each narrowed (PolicyBatch.narrowed): (its row indices, the
-    micro-batch, its first target column in the batch). The rows of one prompt stay together, so a micro-batch
-    encodes each of its prompts once (prompt_shared_logits); prompts go shortest first, and a prompt's rows
-    shortest first, so little compute goes to padding."""
-    lengths = batch.attention_mask.sum(dim=1).tolist()  # [N]
-    prompt_lengths = batch.prompt_lengths.tolist()
-    prompts = {row: tuple(batch.input_ids[row, : prompt_lengths[row]].tolist()) for row in rows.tolist()}
-    ordered = sorted(prompts, key=lambda row: (len(prompts[row]), prompts[row], lengths[row]))
-    return [(micro_rows, *batch.rows(micro_rows).narrowed()) for micro_rows in torch.tensor(ordered).split(size)]
-
-
-def mini_batch_plan(n: int, epochs: int, mini_batches: int, generator: torch.Generator) -> list[list[torch.Tensor]]:
-    """Row indices of each mini-batch of each epoch: per epoch a fresh permutation of the n rows cut into
-    min(mini_batches, n) near-equal parts. A single mini-batch keeps the rollout order: its gradient is a
-    sum over all rows, so shuffling would change nothing but the rounding."""
-    count = min(mini_batches, n)
-    plan = []
-    for _ in range(epochs):
-        order = torch.randperm(n, generator=generator) if count > 1 else torch.arange(n)
-        plan.append(list(torch.tensor_split(order, count)))
-    return plan
+from minirl.tracking import Tracker
+from minirl.training.batch import (
+    PolicyBatch,
+    collate,
+    micro_batches,
+    mini_batch_plan,
+    sampling_logprobs,
+    target_logprobs,
+    token_logprobs,
+)
+from minirl.training.checkpoint import (
+    latest_checkpoint,
+    load_trainer_state,
+    restore_rng_state,
+    rng_state,
+    save_checkpoint,
+)
+from minirl.training.faults import reported_out_of_memory
+from minirl.validate import validate
 
 
 @dataclass
@@ -217,7 +87,7 @@ class TrainResult:
 
 class Trainer:
     def __init__(self, cfg: Config, console: Console | None = None) -> None:
-        check_names(cfg)
+        validate(cfg)
         seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
         self.cfg, self.console = cfg, console or Console()
         self.run_dir = Path(cfg.output_dir)
@@ -227,7 +97,7 @@ class Trainer:
         check_offered_tools(
             (schema for task in [*self.train_tasks, *self.heldout] for schema in task.tools), cfg.tools.names
         )
-        path = resolve_model_path(cfg, self.console)
+        path = model_path(cfg, self.console)
         self.tokenizer = load_tokenizer(path, cfg)
         self.policy = load_model(path, cfg, self.device)
         # no KL to the reference in the loss (beta = 0) nor in the reward: no reference model in memory
@@ -382,7 +252,7 @@ class Trainer:
         except TemplateError:
             return None
         results = [result for turn in guide.turns for result in turn.tool_results]
-        if guide.finish_reason is not FinishReason.ANSWER or any(r.status != "ok" for r in results):
+        if guide.finish_reason is not TrajectoryEnd.ANSWER or any(r.status != "ok" for r in results):
             return None
         score_all([guide], self.cfg.reward)
         if self.cfg.algo.overlong is Overlong.penalty:

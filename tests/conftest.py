@@ -111,7 +111,7 @@ def tool_model_dir(tmp_path_factory):
     Servers and evaluators get real tool calls to parse, deterministically under greedy decoding."""
     from minirl.config import SFTConfig
     from minirl.models.tiny import build_model
-    from minirl.sft import tokenize_conversation, train_sft
+    from minirl.training.sft import tokenize_conversation, train_sft
 
     cfg = TinyModelConfig(vocab_size=400, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
     tokenizer = build_tokenizer(cfg, render_texts([(CONVERSATION, [CALC_TOOL]), (GREETING, [])] * 20))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from minirl.algos.advantages import ADV_ESTIMATORS, GROUP_BASELINE, grpo_advantages
 from minirl.algos.kl import KL_ESTIMATORS, sequence_kl
 from minirl.algos.losses import AGGREGATIONS, LOSSES, LossOut, aggregate
-from minirl.registry import ConfigError
+from minirl.errors import ConfigError
 
 F64 = torch.float64
 

@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 
 from minirl.config import Config, register_configs, to_config
 from minirl.entry import CONF_DIR, check_group_choices, check_value_overrides
-from minirl.registry import ConfigError
-from minirl.trainer import check_names
+from minirl.errors import ConfigError
+from minirl.validate import validate
 
 register_configs()
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
@@ -45,7 +45,7 @@ def test_every_option_composes_and_resolves_its_registry_names(group, option):
     if (group, option) == ("data", "jsonl"):
         overrides.append("data.path=tasks.jsonl")
     cfg = compose_cfg(*overrides)
-    check_names(cfg)
+    validate(cfg)
 
 
 def test_registries_and_configs_match_in_both_directions():
@@ -158,30 +158,30 @@ def test_typo_inside_a_group_file_fails(tmp_path):
 
 def test_unknown_registry_names_list_the_known_ones():
     with pytest.raises(ConfigError, match="unknown loss 'nope'; known: cispo, grpo, gspo"):
-        check_names(compose_cfg("loss.name=nope"))
+        validate(compose_cfg("loss.name=nope"))
     with pytest.raises(ConfigError, match="unknown advantage estimator 'gae'; known: dr_grpo, grpo, reinforce_"):
-        check_names(compose_cfg("algo.adv_estimator=gae"))
+        validate(compose_cfg("algo.adv_estimator=gae"))
     with pytest.raises(ConfigError, match="unknown kl estimator 'k4'; known: k1, k2, k3"):
-        check_names(compose_cfg("algo.kl_estimator=k4"))
+        validate(compose_cfg("algo.kl_estimator=k4"))
     with pytest.raises(ConfigError, match="unknown tool 'rm_rf'"):
-        check_names(compose_cfg("tools.names=[rm_rf]"))
+        validate(compose_cfg("tools.names=[rm_rf]"))
     with pytest.raises(ConfigError, match="reward term"):
-        check_names(compose_cfg("+reward.weights.bogus=1.0"))
+        validate(compose_cfg("+reward.weights.bogus=1.0"))
     with pytest.raises(ConfigError, match="unknown success criterion 'boxed'; known: boxed_answer, gt_in_answer"):
-        check_names(compose_cfg("reward.success=boxed"))
+        validate(compose_cfg("reward.success=boxed"))
     with pytest.raises(ConfigError, match="unknown tool-call format 'json'; known: hermes, qwen3_coder"):
-        check_names(compose_cfg("protocol.format=json"))
+        validate(compose_cfg("protocol.format=json"))
     with pytest.raises(ConfigError, match="unknown sft.corpus 'nope'; known: synthetic_math, synthetic_tools"):
-        check_names(compose_cfg("sft.corpus=nope"))
+        validate(compose_cfg("sft.corpus=nope"))
     with pytest.raises(ConfigError, match="unknown loss aggregation 'bogus'; known: seq-mean-token-mean, seq-mean-t"):
-        check_names(compose_cfg("loss.agg=bogus"))
+        validate(compose_cfg("loss.agg=bogus"))
 
 
 def test_a_group_of_one_is_refused_where_the_baseline_is_the_group():
     with pytest.raises(ConfigError, match=r"^rollout.group_size: algo.adv_estimator=grpo compares each sample"):
-        check_names(compose_cfg("rollout.group_size=1"))
-    check_names(compose_cfg("rollout.group_size=1", "algo.adv_estimator=reinforce_plus_plus"))
-    check_names(compose_cfg("rollout.group_size=2"))
+        validate(compose_cfg("rollout.group_size=1"))
+    validate(compose_cfg("rollout.group_size=1", "algo.adv_estimator=reinforce_plus_plus"))
+    validate(compose_cfg("rollout.group_size=2"))
 
 
 def test_unknown_group_option_is_one_line_with_the_options():

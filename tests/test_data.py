@@ -6,14 +6,14 @@ from dataclasses import replace
 import pytest
 
 from minirl.config import Config, DataConfig, OnError, SFTConfig
-from minirl.data import DATASETS, WARM_START_CORPORA, DataError, Dataset, Task, load_jsonl, synthetic_tools
+from minirl.data import DATASETS, WARM_START_CORPORA, Dataset, Task, load_jsonl, synthetic_tools
 from minirl.data.generation import prompt_text
 from minirl.data.jsonl import write_jsonl
 from minirl.data.synthetic_tools import GENERATOR, rl_rows, sft_rows, train_heldout_split
 from minirl.data.task import MAX_GT_VALUES, MAX_MESSAGES, task_from_row
-from minirl.protocol.parsing import ToolCall
-from minirl.registry import ConfigError
+from minirl.errors import ConfigError, DataError
 from minirl.tools import MINIMIND_TOOL_NAMES, ToolExecutor, build_tools
+from minirl.tools.base import ToolCall
 
 # phrasings only RL sees (the "extra" ones); SFT rows must never use them
 EXTRA_MARKERS = ("I need the value of", "Could you check the clock", "Two questions:", "I forgot the capital of")
@@ -450,7 +450,7 @@ def test_jsonl_dataset_skips_bad_rows_of_both_files_and_logs_them(tmp_path, capl
 
 
 def test_each_warm_start_corpus_has_its_own_model_cache_key():
-    from minirl.models.bootstrap import cache_key
+    from minirl.bootstrap import cache_key
 
     assert WARM_START_CORPORA.names() == ["synthetic_math", "synthetic_tools"]
     assert Config().sft.corpus == "synthetic_tools"

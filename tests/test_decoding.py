@@ -1,5 +1,6 @@
-"""KV-cached decoding (minirl/decoding.py, minirl/llama_family.py): every logit a cached batch returns is the
-one a full forward pass over that row's tokens gives, whichever decoder runs it, whichever rows left, and
+"""KV-cached decoding (minirl/inference/decoding.py, minirl/inference/llama_family.py): every logit a cached
+batch returns is the one a full forward pass over that row's tokens gives, whichever decoder runs it,
+whichever rows left, and
 whatever part of the prompt came from a stored prefix."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from minirl.decoding import CachedBatch, PrefixStore, StoredPrefix, TransformersDecoder
-from minirl.llama_family import LlamaFamilyDecoder
+from minirl.inference.decoding import CachedBatch, PrefixStore, StoredPrefix, TransformersDecoder
+from minirl.inference.llama_family import LlamaFamilyDecoder
 
 SIZES = dict(
     vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -19,14 +19,14 @@ import pytest
 from conftest import CALC_TOOL, CONVERSATION, GREETING
 from hydra import compose, initialize_config_dir
 
-from minirl.config import Config, register_configs, to_config
+from minirl.config import CallPolicy, Config, register_configs, to_config
 from minirl.data.jsonl import write_jsonl
 from minirl.entry import CONF_DIR
+from minirl.errors import ConfigError
 from minirl.evaluation.compare import paired_rows, sign_test_p
 from minirl.evaluation.evaluator import evaluate
 from minirl.evaluation.report import EvalReport, ReportError
-from minirl.protocol.parsing import CallPolicy, TurnKind, parse_message
-from minirl.registry import ConfigError
+from minirl.protocol.parsing import TurnKind, parse_message
 
 register_configs()
 

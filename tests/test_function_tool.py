@@ -14,10 +14,10 @@ from hydra import compose, initialize_config_dir
 
 from minirl.config import Config, register_configs, to_config
 from minirl.entry import CONF_DIR
-from minirl.protocol.parsing import ToolCall
-from minirl.registry import ConfigError
+from minirl.errors import ConfigError
 from minirl.tools import TOOLS, ToolError, ToolExecutor, build_tools, tool
-from minirl.trainer import check_names
+from minirl.tools.base import ToolCall
+from minirl.validate import validate
 
 register_configs()
 README = CONF_DIR.parent / "README.md"
@@ -267,25 +267,25 @@ def shout(text: str) -> str:
 
 def test_tools_imports_registers_and_tools_names_selects(module_dir):
     (module_dir / "shouting_tools.py").write_text(USER_MODULE)
-    cfg = compose_cfg("tools.imports=[shouting_tools]", "tools.names=[shout,calculate_math]")
+    cfg = compose_cfg("imports=[shouting_tools]", "tools.names=[shout,calculate_math]")
     assert "shout" not in TOOLS
-    check_names(cfg)
-    check_names(cfg)  # the module is imported once: no second registration
+    validate(cfg)
+    validate(cfg)  # the module is imported once: no second registration
     executor = ToolExecutor(build_tools(cfg.tools.names), cfg.tools.timeout_s, cfg.tools.max_output_chars)
     assert json.loads(executor.execute(ToolCall("c", "shout", {"text": "hi"})).content) == {"result": "HI!"}
 
 
 def test_imports_default_to_none():
-    assert compose_cfg().tools.imports == []
+    assert compose_cfg().imports == []
 
 
 def test_a_failed_import_names_the_module_and_the_key(module_dir):
-    missing = "tools.imports: cannot import 'no_such_tools': ModuleNotFoundError.*PYTHONPATH"
+    missing = "imports: cannot import 'no_such_tools': ModuleNotFoundError.*PYTHONPATH"
     with pytest.raises(ConfigError, match=missing):
-        check_names(compose_cfg("tools.imports=[no_such_tools]"))
+        validate(compose_cfg("imports=[no_such_tools]"))
     (module_dir / "bad_tools.py").write_text(USER_MODULE.replace("text: str", "text: bytes"))
-    with pytest.raises(ConfigError, match="tools.imports: cannot import 'bad_tools': TypeError: .*'text'.*bytes"):
-        check_names(compose_cfg("tools.imports=[bad_tools]", "tools.names=[shout]"))
+    with pytest.raises(ConfigError, match="imports: cannot import 'bad_tools': TypeError: .*'text'.*bytes"):
+        validate(compose_cfg("imports=[bad_tools]", "tools.names=[shout]"))
 
 
 # -- the README example -------------------------------------------------------------------------
@@ -305,7 +305,7 @@ def test_the_readme_example_runs_as_written(module_dir):
     overrides = shlex.split(command)
     assert overrides[:3] == ["python", "-m", "minirl.train"]
     cfg = compose_cfg(*overrides[3:])
-    check_names(cfg)
+    validate(cfg)
     executor = ToolExecutor(build_tools(cfg.tools.names), cfg.tools.timeout_s, cfg.tools.max_output_chars)
     schema = executor.tools["word_count"].schema()["function"]
     assert schema["description"] == "Count the words in a text."

@@ -19,7 +19,7 @@ from minirl.metrics import rollout_metrics, success_by_kind
 from minirl.protocol.parsing import parse_turn
 from minirl.rewards import REWARD_TERMS, SUCCESS_CRITERIA, equivalent, last_boxed, score, score_all
 from minirl.rewards import terms as T
-from minirl.rollout.trajectory import FinishReason, Trajectory, Turn
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
 from minirl.tools.base import ToolResult
 
 register_configs()
@@ -214,13 +214,13 @@ def turn(text: str, *results: ToolResult) -> Turn:
     return Turn(text=text, parsed=parse_turn(text), tool_results=list(results))
 
 
-def traj(turns: list[Turn], finish: FinishReason | None, gt: tuple[str, ...] = ("1/2",), kind: str = "") -> Trajectory:
+def traj(turns: list[Turn], finish: TrajectoryEnd | None, gt: tuple[str, ...] = ("1/2",), kind: str = "") -> Trajectory:
     task = Task(id="m0", messages=[{"role": "user", "content": "What is 1/2?"}], tools=[], gt=list(gt), kind=kind)
     return Trajectory(task=task, group_index=0, prompt_ids=[1, 2, 3], turns=turns, finish_reason=finish)
 
 
 def solved_with(answer: str, **kwargs) -> Trajectory:
-    return traj([turn(CODE, ran()), turn(answer)], FinishReason.ANSWER, **kwargs)
+    return traj([turn(CODE, ran()), turn(answer)], TrajectoryEnd.ANSWER, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -228,7 +228,7 @@ def solved_with(answer: str, **kwargs) -> Trajectory:
     [
         (solved_with(r"The code prints 0.5, so the answer is \boxed{\frac{1}{2}}."), 1.0),
         (solved_with(r"\boxed{0.5}"), 1.0),
-        (traj([turn(r"Without tools: \boxed{2/4}")], FinishReason.ANSWER), 1.0),
+        (traj([turn(r"Without tools: \boxed{2/4}")], TrajectoryEnd.ANSWER), 1.0),
         (solved_with(r"<think>maybe \boxed{7}</think>It is \boxed{0.5}"), 1.0),
         (solved_with(r"It is \boxed{0.5} or rather \boxed{0.25}"), -1.0),  # the last box counts
         (solved_with(r"\boxed{0.25}"), -1.0),
@@ -237,10 +237,10 @@ def solved_with(answer: str, **kwargs) -> Trajectory:
         (solved_with(r"<think>it is \boxed{0.5}</think>I am not sure."), -1.0),  # a box in the reasoning only
         (solved_with(r"\boxed{0.5}", gt=()), -1.0),  # nothing to check against
         (solved_with(r"\boxed{0.5}", gt=("1/2", "7")), 1.0),  # only the first gt value counts
-        (traj([turn(r"\boxed{0.5} " + CODE.replace("</tool_call>", ""))], FinishReason.INVALID), -1.0),
-        (traj([turn(r"\boxed{0.5} " + CODE, ran())] * 3, FinishReason.MAX_TURNS), -1.0),
-        (traj([turn(r"so \boxed{0.5}")], FinishReason.TURN_TOKENS), -1.0),
-        (traj([], FinishReason.TOKEN_BUDGET), -1.0),
+        (traj([turn(r"\boxed{0.5} " + CODE.replace("</tool_call>", ""))], TrajectoryEnd.INVALID), -1.0),
+        (traj([turn(r"\boxed{0.5} " + CODE, ran())] * 3, TrajectoryEnd.MAX_TURNS), -1.0),
+        (traj([turn(r"so \boxed{0.5}")], TrajectoryEnd.TURN_TOKENS), -1.0),
+        (traj([], TrajectoryEnd.TOKEN_BUDGET), -1.0),
     ],
 )
 def test_boxed_answer_term(trajectory, reward):
@@ -257,7 +257,7 @@ def test_retool_reward_is_plus_or_minus_one_with_every_term_logged():
     cfg = retool_reward()
     assert cfg.success == "boxed_answer" and cfg.clip == 1.0
     right = solved_with(r"\boxed{0.5}")
-    wrong = traj([turn("<think>" + "r" * 30 + "</think>" + r"\boxed{0.25}")], FinishReason.ANSWER)
+    wrong = traj([turn("<think>" + "r" * 30 + "</think>" + r"\boxed{0.25}")], TrajectoryEnd.ANSWER)
     for trajectory, expected in [(right, 1.0), (wrong, -1.0)]:
         total, terms = score(trajectory, cfg)
         assert total == expected
@@ -271,7 +271,7 @@ def test_success_criterion_drives_the_metrics():
     # a box equal to the gt with the gt's text absent, and the gt's text with a wrong box
     boxed_only = solved_with(r"The code prints 0.5: \boxed{0.5}", kind="boxed")
     text_only = solved_with(r"1/2 at first sight, but \boxed{0.25}", kind="text")
-    trajs = [boxed_only, text_only, traj([turn(r"\boxed{0.5}")], FinishReason.TURN_TOKENS, kind="boxed")]
+    trajs = [boxed_only, text_only, traj([turn(r"\boxed{0.5}")], TrajectoryEnd.TURN_TOKENS, kind="boxed")]
     score_all(trajs, retool_reward())
     boxed, gt_in_answer = SUCCESS_CRITERIA.get("boxed_answer"), SUCCESS_CRITERIA.get("gt_in_answer")
 

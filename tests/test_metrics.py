@@ -7,10 +7,11 @@ import pytest
 from minirl.config import SandboxConfig, ToolsConfig
 from minirl.data.task import Task
 from minirl.metrics import rollout_metrics
-from minirl.protocol.parsing import ParsedTurn, ToolCall, TurnKind
+from minirl.protocol.parsing import ParsedTurn, TurnKind
 from minirl.rewards.success import gt_in_answer
-from minirl.rollout.trajectory import FinishReason, Trajectory, Turn
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
 from minirl.tools import ToolExecutor, build_tools
+from minirl.tools.base import ToolCall
 
 
 def test_tool_outcome_shares_latency_and_use_are_per_batch():
@@ -26,10 +27,10 @@ def test_tool_outcome_shares_latency_and_use_are_per_batch():
         Turn("", ParsedTurn(TurnKind.TOOL, "", calls), results),
         Turn("42", ParsedTurn(TurnKind.ANSWER, "42")),
     ]
-    called.finish_reason = FinishReason.ANSWER
+    called.finish_reason = TrajectoryEnd.ANSWER
     answered = Trajectory(task, 0, [1], response_ids=[2], action_mask=[1], sampler_logprobs=[-0.1])
     answered.turns = [Turn("7", ParsedTurn(TurnKind.ANSWER, "7"))]
-    answered.finish_reason = FinishReason.ANSWER
+    answered.finish_reason = TrajectoryEnd.ANSWER
     out = rollout_metrics([called, answered], gt_in_answer)
     assert out["tools/calls_per_traj"] == 2.0 and out["tools/used_frac"] == 0.5
     for status in ("ok", "error", "timeout", "over_budget"):

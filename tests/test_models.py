@@ -12,15 +12,16 @@ from rich.console import Console
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from minirl.bootstrap import ensure_tiny
 from minirl.config import Config, TinyModelConfig
 from minirl.data.synthetic_tools import sft_rows
 from minirl.data.task import task_from_row
-from minirl.models.bootstrap import ensure_tiny
-from minirl.models.loading import choose_cuda_attention, load_model, load_tokenizer, resolve_device
+from minirl.errors import ConfigError
+from minirl.models.loading import load_model, load_tokenizer
 from minirl.models.tiny import build_model, build_tokenizer, render_texts
 from minirl.protocol.chat import render
-from minirl.registry import ConfigError
-from minirl.sft import assistant_token_loss, collate, tokenize_conversation
+from minirl.runtime import choose_cuda_attention, resolve_device
+from minirl.training.sft import assistant_token_loss, collate, tokenize_conversation
 
 SMALL = TinyModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
 

@@ -23,8 +23,8 @@ from minirl.algos.rollout_correction import rollout_correction
 from minirl.config import LossConfig, register_configs, to_config
 from minirl.data.task import Task
 from minirl.entry import CONF_DIR
-from minirl.registry import ConfigError
-from minirl.rollout.trajectory import FinishReason, Trajectory
+from minirl.errors import ConfigError
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
 from minirl.trainer import PolicyBatch, mini_batch_plan, sampling_logprobs, target_logprobs
 
 register_configs()
@@ -172,7 +172,7 @@ def test_tied_groups_are_the_ones_with_all_equal_rewards():
         tied_groups(rewards, 3)
 
 
-def _trajectory(prompt: int, turns: list[int], observation: int, reason: FinishReason) -> Trajectory:
+def _trajectory(prompt: int, turns: list[int], observation: int, reason: TrajectoryEnd) -> Trajectory:
     """`turns` sampled tokens per turn, each followed (but the last) by `observation` framework tokens."""
     task = Task(id="t", messages=[{"role": "user", "content": "?"}], tools=[], gt=[])
     traj = Trajectory(task, 0, [7] * prompt)
@@ -189,12 +189,12 @@ def _trajectory(prompt: int, turns: list[int], observation: int, reason: FinishR
 
 def test_tokens_to_limit_is_the_room_before_the_nearer_limit():
     # longest turn 20 of 24 per turn: 4 left; 10 + 5 + 6 + 20 = 41 of 100 in all: 59 left
-    assert tokens_to_limit(_trajectory(10, [5, 20], 6, FinishReason.ANSWER), 24, 100) == 4
+    assert tokens_to_limit(_trajectory(10, [5, 20], 6, TrajectoryEnd.ANSWER), 24, 100) == 4
     # the conversation is at its budget although no turn is: 0 left
-    assert tokens_to_limit(_trajectory(50, [10, 10, 10], 10, FinishReason.TOKEN_BUDGET), 24, 100) == 0
-    assert truncated(_trajectory(1, [24], 0, FinishReason.TURN_TOKENS))
-    assert truncated(_trajectory(1, [3], 0, FinishReason.TOKEN_BUDGET))
-    assert not truncated(_trajectory(1, [3], 0, FinishReason.MAX_TURNS))
+    assert tokens_to_limit(_trajectory(50, [10, 10, 10], 10, TrajectoryEnd.TOKEN_BUDGET), 24, 100) == 0
+    assert truncated(_trajectory(1, [24], 0, TrajectoryEnd.TURN_TOKENS))
+    assert truncated(_trajectory(1, [3], 0, TrajectoryEnd.TOKEN_BUDGET))
+    assert not truncated(_trajectory(1, [3], 0, TrajectoryEnd.MAX_TURNS))
 
 
 def test_overlong_penalty_is_dapos_soft_punishment():

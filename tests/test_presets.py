@@ -14,8 +14,8 @@ import pytest
 from conftest import compose_config
 from rich.console import Console
 
+from minirl.bootstrap import BUILD_RECORD
 from minirl.evaluation.evaluator import evaluate
-from minirl.models.bootstrap import BUILD_RECORD
 
 # preset: (its overrides, the final SFT epoch loss, the greedy held-out success at step 0), as documented in
 # experiments/README.md ("Default run", "ReTool recipe"); change them only with the docs, from a re-measurement

@@ -15,12 +15,13 @@ from conftest import CALC_TOOL, CONVERSATION, third_party_template
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from minirl.config import CallPolicy
 from minirl.data.task import Task
 from minirl.protocol.chat import next_prompt, render, suffix_prefix_overlap, turn_deltas
 from minirl.protocol.formats import CALL_FORMATS
-from minirl.protocol.parsing import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, CallPolicy, TurnKind, parse_turn
+from minirl.protocol.parsing import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TurnKind, parse_turn
 from minirl.rewards import REWARD_TERMS, contains_value, score, term_values
-from minirl.rollout.trajectory import FinishReason, Trajectory, Turn
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
 from minirl.tools.base import ToolResult
 
 PROPERTY = settings(max_examples=200, deadline=None)
@@ -242,7 +243,7 @@ def trajectories(draw) -> Trajectory:
         statuses = draw(st.lists(st.sampled_from(RESULT_STATUSES), min_size=len(parsed.tool_calls)))
         results = [ToolResult(c.id, c.name, "{}", s, 0.0) for c, s in zip(parsed.tool_calls, statuses, strict=False)]
         turns.append(Turn(text, parsed, results))
-    finish = FinishReason.ANSWER if turns[-1].parsed.kind is TurnKind.ANSWER else draw(st.sampled_from(FinishReason))
+    finish = TrajectoryEnd.ANSWER if turns[-1].parsed.kind is TurnKind.ANSWER else draw(st.sampled_from(TrajectoryEnd))
     return Trajectory(task=task, group_index=0, prompt_ids=[1], turns=turns, finish_reason=finish)
 
 
@@ -277,5 +278,5 @@ def test_a_gt_value_inside_a_longer_number_never_hits(value, before, after, cont
     assert not contains_value(text, value)
     answer = parse_turn(text)
     task = Task(id="t", messages=[{"role": "user", "content": "?"}], tools=[], gt=[value])
-    traj = Trajectory(task, 0, [1], turns=[Turn(text, answer)], finish_reason=FinishReason.ANSWER)
+    traj = Trajectory(task, 0, [1], turns=[Turn(text, answer)], finish_reason=TrajectoryEnd.ANSWER)
     assert REWARD_TERMS.get("gt_hit")(traj) == 0.0

@@ -10,11 +10,12 @@ import time
 import pytest
 from conftest import CALC_TOOL, CONVERSATION, third_party_template
 
+from minirl.config import CallPolicy
+from minirl.errors import ConfigError
 from minirl.protocol.chat import TemplateError, next_prompt, render, suffix_prefix_overlap, turn_deltas
 from minirl.protocol.formats import CALL_FORMATS
 from minirl.protocol.observation import TRUNCATION_MARKER, ZERO_WIDTH_SPACE, control_tokens, tool_messages
-from minirl.protocol.parsing import CallPolicy, TurnKind, parse_turn
-from minirl.registry import ConfigError
+from minirl.protocol.parsing import TurnKind, parse_turn
 from minirl.tools.base import ToolResult
 
 PROMPT = CONVERSATION[:2]

@@ -17,10 +17,11 @@ import pytest
 import torch
 from conftest import SHAPED_REWARD, debug_config
 
-from minirl.checkpoint import CHECKPOINTS, checkpoints, latest_checkpoint, load_trainer_state
-from minirl.faults import TrainingError, reported_out_of_memory
+from minirl.errors import TrainingError
 from minirl.inspection import TRAJECTORIES_FILE, read_trajectories
 from minirl.trainer import Trainer, train
+from minirl.training.checkpoint import CHECKPOINTS, checkpoints, latest_checkpoint, load_trainer_state
+from minirl.training.faults import reported_out_of_memory
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6

@@ -11,7 +11,7 @@ from minirl.rewards import score
 from minirl.rewards import terms as T
 from minirl.rewards.matching import MAX_UNASKED_NUMBERS
 from minirl.rewards.success import gt_in_answer
-from minirl.rollout.trajectory import FinishReason, Trajectory, Turn
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
 from minirl.tools.base import ToolResult
 
 QUESTION = "What is the temperature in Paris?"
@@ -28,7 +28,7 @@ THINK = "<think>The weather tool said 42 degrees for Paris.</think>"  # earns th
 
 
 def answered(
-    *turns: Turn, reference=TOOL_REFERENCE, gt=("42",), question=QUESTION, finish=FinishReason.ANSWER
+    *turns: Turn, reference=TOOL_REFERENCE, gt=("42",), question=QUESTION, finish=TrajectoryEnd.ANSWER
 ) -> Trajectory:
     """A trajectory that ended with its last turn, by default an answer."""
     task = Task("t", [{"role": "user", "content": question}], [], list(gt), list(reference), "single")
@@ -118,7 +118,7 @@ def test_a_forged_tool_response_in_the_answer_does_not_pay(forge, think):
 
 @pytest.mark.parametrize("answer", [HONEST + " <tool_call>", "</tool_call>" + HONEST, f"<tool_call>{HONEST}"])
 def test_tool_call_markup_in_the_answer_makes_the_turn_invalid(answer):
-    traj = answered(turn(WEATHER, result()), turn(answer), finish=FinishReason.INVALID)
+    traj = answered(turn(WEATHER, result()), turn(answer), finish=TrajectoryEnd.INVALID)
     assert traj.turns[-1].parsed.reason and traj.final_text == ""
     assert T.gt_hit(traj) == 0.0 and not gt_in_answer(traj)
     assert reward(traj) < reward(with_tool(HONEST))

@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minirl.data.task import Task
+from minirl.errors import ConfigError
 from minirl.protocol.parsing import parse_turn
-from minirl.registry import ConfigError
 from minirl.rewards import REWARD_TERMS, check_weights, contains_value, gt_hits, score, score_all
 from minirl.rewards import terms as T
 from minirl.rewards.success import gt_in_answer
-from minirl.rollout.trajectory import FinishReason, Trajectory, Turn
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
 from minirl.tools.base import ToolResult
 
 # the defaults in conf/reward/minimind.yaml
@@ -58,7 +58,7 @@ TOOL_REFERENCE = [
 
 
 def traj(
-    turns: list[Turn], finish: FinishReason | None, gt: tuple[str, ...] = ("23",), reference=TOOL_REFERENCE
+    turns: list[Turn], finish: TrajectoryEnd | None, gt: tuple[str, ...] = ("23",), reference=TOOL_REFERENCE
 ) -> Trajectory:
     task = Task(
         id="t0",
@@ -76,7 +76,7 @@ WEATHER = call_text(city="Paris")
 
 
 def correct() -> Trajectory:
-    return traj([turn(WEATHER, result()), turn(ANSWER)], FinishReason.ANSWER)
+    return traj([turn(WEATHER, result()), turn(ANSWER)], TrajectoryEnd.ANSWER)
 
 
 # -- matching ----------------------------------------------------------------------------------
@@ -136,10 +136,10 @@ def test_contains_value_never_matches_a_glued_number(n, before, after):
 def test_gt_hits_and_success():
     assert gt_hits("Paris is 23°C", ["23", "paris", "123"]) == [True, True, False]
     assert gt_in_answer(correct())
-    assert not gt_in_answer(traj([turn("It is 123°C.")], FinishReason.ANSWER))
-    assert not gt_in_answer(traj([turn(WEATHER, result())], FinishReason.MAX_TURNS))
-    assert gt_in_answer(traj([turn("Hello there!")], FinishReason.ANSWER, gt=()))
-    assert not gt_in_answer(traj([turn("<tool_call>{")], FinishReason.INVALID, gt=()))
+    assert not gt_in_answer(traj([turn("It is 123°C.")], TrajectoryEnd.ANSWER))
+    assert not gt_in_answer(traj([turn(WEATHER, result())], TrajectoryEnd.MAX_TURNS))
+    assert gt_in_answer(traj([turn("Hello there!")], TrajectoryEnd.ANSWER, gt=()))
+    assert not gt_in_answer(traj([turn("<tool_call>{")], TrajectoryEnd.INVALID, gt=()))
 
 
 # -- terms -------------------------------------------------------------------------------------
@@ -151,41 +151,41 @@ def test_registered_terms():
 
 def test_tool_alignment():
     assert T.tool_alignment(correct()) == 1.0
-    assert T.tool_alignment(traj([turn(ANSWER)], FinishReason.ANSWER)) == -1.0  # the expected call is missing
+    assert T.tool_alignment(traj([turn(ANSWER)], TrajectoryEnd.ANSWER)) == -1.0  # the expected call is missing
     # without a reference, one call per gt value is expected (MiniMind)
-    two = traj([turn(WEATHER + WEATHER, result(), result()), turn(ANSWER)], FinishReason.ANSWER, ("23", "Paris"), ())
+    two = traj([turn(WEATHER + WEATHER, result(), result()), turn(ANSWER)], TrajectoryEnd.ANSWER, ("23", "Paris"), ())
     assert T.tool_alignment(two) == 1.0
     # one valid call for two gt values, plus one invalid: gap = |1 - 2| + 1
-    mixed = traj([turn(WEATHER + WEATHER, result(), result("bad_arguments"))], FinishReason.MAX_TURNS, ("a", "b"), ())
+    mixed = traj([turn(WEATHER + WEATHER, result(), result("bad_arguments"))], TrajectoryEnd.MAX_TURNS, ("a", "b"), ())
     assert T.tool_alignment(mixed) == -2.0
     # a tool that failed or timed out was still called correctly
-    assert T.tool_alignment(traj([turn(WEATHER, result("timeout")), turn(ANSWER)], FinishReason.ANSWER)) == 1.0
-    assert T.tool_alignment(traj([turn(WEATHER, result("error")), turn(ANSWER)], FinishReason.ANSWER)) == 1.0
-    assert T.tool_alignment(traj([turn(WEATHER, result("unknown_tool")), turn(ANSWER)], FinishReason.ANSWER)) == -2.0
-    three = traj([turn(WEATHER, result()) for _ in range(3)], FinishReason.MAX_TURNS)
+    assert T.tool_alignment(traj([turn(WEATHER, result("timeout")), turn(ANSWER)], TrajectoryEnd.ANSWER)) == 1.0
+    assert T.tool_alignment(traj([turn(WEATHER, result("error")), turn(ANSWER)], TrajectoryEnd.ANSWER)) == 1.0
+    assert T.tool_alignment(traj([turn(WEATHER, result("unknown_tool")), turn(ANSWER)], TrajectoryEnd.ANSWER)) == -2.0
+    three = traj([turn(WEATHER, result()) for _ in range(3)], TrajectoryEnd.MAX_TURNS)
     assert T.tool_alignment(three) == -2.0
 
 
 def test_gt_hit():
     both = ("23", "Paris")
-    assert T.gt_hit(traj([turn("Paris: 23°C")], FinishReason.ANSWER, gt=both)) == 1.0
-    assert T.gt_hit(traj([turn("Paris: 123°C")], FinishReason.ANSWER, gt=both)) == 0.5
-    assert T.gt_hit(traj([turn("It is 123°C")], FinishReason.ANSWER)) == 0.0
-    assert T.gt_hit(traj([turn("Hi there")], FinishReason.ANSWER, gt=())) == 0.0
+    assert T.gt_hit(traj([turn("Paris: 23°C")], TrajectoryEnd.ANSWER, gt=both)) == 1.0
+    assert T.gt_hit(traj([turn("Paris: 123°C")], TrajectoryEnd.ANSWER, gt=both)) == 0.5
+    assert T.gt_hit(traj([turn("It is 123°C")], TrajectoryEnd.ANSWER)) == 0.0
+    assert T.gt_hit(traj([turn("Hi there")], TrajectoryEnd.ANSWER, gt=())) == 0.0
     # only the final answer counts, not text written before giving up
-    assert T.gt_hit(traj([turn("23 " + WEATHER, result())], FinishReason.MAX_TURNS)) == 0.0
+    assert T.gt_hit(traj([turn("23 " + WEATHER, result())], TrajectoryEnd.MAX_TURNS)) == 0.0
     # the <think> block is not part of the answer
-    assert T.gt_hit(traj([turn("<think>maybe 23</think>No idea.")], FinishReason.ANSWER)) == 0.0
+    assert T.gt_hit(traj([turn("<think>maybe 23</think>No idea.")], TrajectoryEnd.ANSWER)) == 0.0
 
 
 @pytest.mark.parametrize(
     "finish,unfinished,invalid",
     [
-        (FinishReason.ANSWER, 0.0, 0.0),
-        (FinishReason.INVALID, 0.0, -1.0),
-        (FinishReason.MAX_TURNS, -1.0, 0.0),
-        (FinishReason.TURN_TOKENS, -1.0, 0.0),
-        (FinishReason.TOKEN_BUDGET, -1.0, 0.0),
+        (TrajectoryEnd.ANSWER, 0.0, 0.0),
+        (TrajectoryEnd.INVALID, 0.0, -1.0),
+        (TrajectoryEnd.MAX_TURNS, -1.0, 0.0),
+        (TrajectoryEnd.TURN_TOKENS, -1.0, 0.0),
+        (TrajectoryEnd.TOKEN_BUDGET, -1.0, 0.0),
     ],
 )
 def test_unfinished_and_invalid_turn(finish, unfinished, invalid):
@@ -198,30 +198,30 @@ def test_tag_balance():
     assert T.tag_balance(correct()) == 0.0
     t = traj(
         [turn(WEATHER, result()), turn("<tool_call><tool_call>{}</tool_call>"), turn("</tool_call> oops")],
-        FinishReason.INVALID,
+        TrajectoryEnd.INVALID,
     )
     assert T.tag_balance(t) == -2.0
 
 
 def test_repetition():
-    assert T.repetition(traj([turn("a b c a b c a b c")], FinishReason.ANSWER)) == pytest.approx(-4 / 7)
-    assert T.repetition(traj([turn("The cat sat on the mat.")], FinishReason.ANSWER)) == 0.0
-    assert T.repetition(traj([turn("yes yes")], FinishReason.ANSWER)) == 0.0  # no 3-gram at all
-    assert T.repetition(traj([turn("好好好好好")], FinishReason.ANSWER)) == pytest.approx(-2 / 3)
+    assert T.repetition(traj([turn("a b c a b c a b c")], TrajectoryEnd.ANSWER)) == pytest.approx(-4 / 7)
+    assert T.repetition(traj([turn("The cat sat on the mat.")], TrajectoryEnd.ANSWER)) == 0.0
+    assert T.repetition(traj([turn("yes yes")], TrajectoryEnd.ANSWER)) == 0.0  # no 3-gram at all
+    assert T.repetition(traj([turn("好好好好好")], TrajectoryEnd.ANSWER)) == pytest.approx(-2 / 3)
     # no answer: the last turn's raw text is scored
-    loop = traj([turn(ANSWER), turn("go go go go go go")], FinishReason.TURN_TOKENS)
+    loop = traj([turn(ANSWER), turn("go go go go go go")], TrajectoryEnd.TURN_TOKENS)
     assert T.repetition(loop) == pytest.approx(-3 / 4)
-    assert T.repetition(traj([], FinishReason.TOKEN_BUDGET)) == 0.0
-    assert -1.0 <= T.repetition(traj([turn("x " * 500)], FinishReason.ANSWER)) <= 0.0
+    assert T.repetition(traj([], TrajectoryEnd.TOKEN_BUDGET)) == 0.0
+    assert -1.0 <= T.repetition(traj([turn("x " * 500)], TrajectoryEnd.ANSWER)) <= 0.0
 
 
 @pytest.mark.parametrize("n,expected", [(0, -1.0), (4, -1.0), (5, 1.0), (800, 1.0), (801, -1.0)])
 def test_answer_length(n, expected):
-    assert T.answer_length(traj([turn("a" * n)], FinishReason.ANSWER)) == expected
+    assert T.answer_length(traj([turn("a" * n)], TrajectoryEnd.ANSWER)) == expected
 
 
 def test_answer_length_no_answer_and_tool_branch():
-    assert T.answer_length(traj([turn("<tool_call>{")], FinishReason.INVALID)) == -1.0
+    assert T.answer_length(traj([turn("<tool_call>{")], TrajectoryEnd.INVALID)) == -1.0
     assert T.answer_length(correct()) == 0.0
 
 
@@ -238,13 +238,13 @@ def test_answer_length_no_answer_and_tool_branch():
     ],
 )
 def test_think_terms(text, length, count):
-    t = traj([turn(text)], FinishReason.ANSWER)
+    t = traj([turn(text)], TrajectoryEnd.ANSWER)
     assert T.think_length(t) == length
     assert T.think_count(t) == count
 
 
 def test_think_terms_are_zero_on_the_tool_branch():
-    t = traj([turn(WEATHER, result()), turn("<think>" + "r" * 5 + "</think></think>23")], FinishReason.ANSWER)
+    t = traj([turn(WEATHER, result()), turn("<think>" + "r" * 5 + "</think></think>23")], TrajectoryEnd.ANSWER)
     assert T.think_length(t) == 0.0 and T.think_count(t) == 0.0
 
 
@@ -252,20 +252,20 @@ def test_think_terms_are_zero_on_the_tool_branch():
 
 
 def test_answering_a_tool_task_without_the_tool_does_not_pay():
-    from_memory = traj([turn(ANSWER.replace("23", "21"))], FinishReason.ANSWER)
+    from_memory = traj([turn(ANSWER.replace("23", "21"))], TrajectoryEnd.ANSWER)
     assert T.tool_alignment(from_memory) == -1.0  # one expected call missing
-    valid_call_wrong_answer = traj([turn(WEATHER, result()), turn("It is 21°C.")], FinishReason.ANSWER)
+    valid_call_wrong_answer = traj([turn(WEATHER, result()), turn("It is 21°C.")], TrajectoryEnd.ANSWER)
     assert score(valid_call_wrong_answer, CFG)[0] > score(from_memory, CFG)[0]
     # a task whose reference needs no tool: no penalty without tools, a penalty for calling one
     no_tool = [{"role": "assistant", "content": "Paris."}]
-    assert T.tool_alignment(traj([turn("Paris.")], FinishReason.ANSWER, ("Paris",), no_tool)) == 0.0
+    assert T.tool_alignment(traj([turn("Paris.")], TrajectoryEnd.ANSWER, ("Paris",), no_tool)) == 0.0
     assert (
-        T.tool_alignment(traj([turn(WEATHER, result()), turn("Paris.")], FinishReason.ANSWER, ("Paris",), no_tool))
+        T.tool_alignment(traj([turn(WEATHER, result()), turn("Paris.")], TrajectoryEnd.ANSWER, ("Paris",), no_tool))
         == -1.0
     )
     # rows without a reference fall back to MiniMind: one call per gt value, scored only with tools
-    assert T.tool_alignment(traj([turn(ANSWER)], FinishReason.ANSWER, reference=())) == 0.0
-    assert T.tool_alignment(traj([turn(WEATHER, result()), turn(ANSWER)], FinishReason.ANSWER, reference=())) == 1.0
+    assert T.tool_alignment(traj([turn(ANSWER)], TrajectoryEnd.ANSWER, reference=())) == 0.0
+    assert T.tool_alignment(traj([turn(WEATHER, result()), turn(ANSWER)], TrajectoryEnd.ANSWER, reference=())) == 1.0
 
 
 def test_correct_tool_trajectory_scores_highest():
@@ -273,26 +273,26 @@ def test_correct_tool_trajectory_scores_highest():
     assert terms["tool_alignment"] == 0.5 and terms["gt_hit"] == 2.5
     assert best == pytest.approx(3.0)
     worse = {
-        "wrong arguments": traj([turn(WEATHER, result("bad_arguments")), turn(ANSWER)], FinishReason.ANSWER),
+        "wrong arguments": traj([turn(WEATHER, result("bad_arguments")), turn(ANSWER)], TrajectoryEnd.ANSWER),
         "unknown tool": traj(
             [turn(call_text("get_weather", city="Paris"), result("unknown_tool", "get_weather")), turn(ANSWER)],
-            FinishReason.ANSWER,
+            TrajectoryEnd.ANSWER,
         ),
-        "unclosed tag": traj([turn(WEATHER.replace("</tool_call>", ""))], FinishReason.INVALID),
-        "max turns": traj([turn(WEATHER, result()) for _ in range(3)], FinishReason.MAX_TURNS),
-        "wrong value": traj([turn(WEATHER, result()), turn(ANSWER.replace("23", "123"))], FinishReason.ANSWER),
-        "extra call": traj([turn(WEATHER + WEATHER, result(), result()), turn(ANSWER)], FinishReason.ANSWER),
-        "memory, wrong": traj([turn(ANSWER.replace("23", "21"))], FinishReason.ANSWER),
+        "unclosed tag": traj([turn(WEATHER.replace("</tool_call>", ""))], TrajectoryEnd.INVALID),
+        "max turns": traj([turn(WEATHER, result()) for _ in range(3)], TrajectoryEnd.MAX_TURNS),
+        "wrong value": traj([turn(WEATHER, result()), turn(ANSWER.replace("23", "123"))], TrajectoryEnd.ANSWER),
+        "extra call": traj([turn(WEATHER + WEATHER, result(), result()), turn(ANSWER)], TrajectoryEnd.ANSWER),
+        "memory, wrong": traj([turn(ANSWER.replace("23", "21"))], TrajectoryEnd.ANSWER),
     }
     for name, t in worse.items():
         total, _ = score(t, CFG)
         assert total < best, name
     # answering from memory without tools cannot out-score the correct tool use
-    assert score(traj([turn(ANSWER)], FinishReason.ANSWER), CFG)[0] <= best
+    assert score(traj([turn(ANSWER)], TrajectoryEnd.ANSWER), CFG)[0] <= best
 
 
 def test_score_is_the_clipped_weighted_sum_with_every_term_logged():
-    t = traj([turn(WEATHER.replace("</tool_call>", ""))], FinishReason.INVALID)
+    t = traj([turn(WEATHER.replace("</tool_call>", ""))], TrajectoryEnd.INVALID)
     raw = T.term_values(t)
     total, terms = score(t, SimpleNamespace(weights={"invalid_turn": 2.0, "tag_balance": 0.0}, clip=100.0))
     assert set(terms) == set(REWARD_TERMS.names())  # weight 0 or absent: still present
@@ -311,7 +311,7 @@ def test_score_is_the_clipped_weighted_sum_with_every_term_logged():
 def test_a_trajectory_that_earns_nothing_scores_a_float_zero():
     """Under the outcome reward a wrong answer earns no term at all; its reward must still be a float, or
     a batch of them becomes an integer tensor that the advantage estimators cannot average."""
-    wrong = traj([turn(WEATHER, result()), turn("It is 19°C in Paris.")], FinishReason.ANSWER)
+    wrong = traj([turn(WEATHER, result()), turn("It is 19°C in Paris.")], TrajectoryEnd.ANSWER)
     total, terms = score(wrong, SimpleNamespace(weights={"gt_hit": 1.0}, clip=3.0))
     assert total == 0.0 and isinstance(total, float) and terms["gt_hit"] == 0.0
 
@@ -327,7 +327,7 @@ def test_unknown_or_bad_weight_is_a_config_error():
 
 
 def test_score_all_sets_reward_and_terms():
-    trajs = [correct(), traj([turn("It is 123°C.")], FinishReason.ANSWER)]
+    trajs = [correct(), traj([turn("It is 123°C.")], TrajectoryEnd.ANSWER)]
     score_all(trajs, CFG)
     for t in trajs:
         assert (t.reward, t.reward_terms) == score(t, CFG)

@@ -9,17 +9,17 @@ import pytest
 import torch
 from conftest import CALC_TOOL, CONVERSATION, GREETING, third_party_template
 
-from minirl.config import ProtocolConfig
+from minirl.config import CallPolicy, ProtocolConfig
 from minirl.data.synthetic_tools import train_heldout_split
 from minirl.data.task import Task
 from minirl.protocol.chat import render
-from minirl.protocol.parsing import CallPolicy, TurnKind
+from minirl.protocol.parsing import TurnKind
 from minirl.rollout.agent_loop import AgentLimits, replay_reference, run_agent
 from minirl.rollout.engine import ENGINES, Completion, SamplingParams
-from minirl.rollout.trajectory import FinishReason
-from minirl.sft import tokenize_conversation
+from minirl.rollout.trajectory import TrajectoryEnd
 from minirl.tools import ToolExecutor, build_tools
 from minirl.tools.minimind import MINIMIND_TOOL_NAMES
+from minirl.training.sft import tokenize_conversation
 
 SAMPLING = SamplingParams(max_new_tokens=256)
 HERMES = ProtocolConfig()
@@ -89,7 +89,7 @@ def test_calls_past_the_trajectory_budget_are_not_run_and_the_model_is_told(toke
     script = [two_calls, weather_call("Tokyo"), "It is sunny."]
     trajs, _ = run(tokenizer, executor, tasks, script, max_calls=3)
     for t in trajs:
-        assert t.finish_reason is FinishReason.ANSWER
+        assert t.finish_reason is TrajectoryEnd.ANSWER
         statuses = [r.status for turn in t.turns for r in turn.tool_results]
         assert len(statuses) == 3 and "over_budget" not in statuses
     trajs, _ = run(tokenizer, executor, tasks, script, max_calls=1)
@@ -98,7 +98,7 @@ def test_calls_past_the_trajectory_budget_are_not_run_and_the_model_is_told(toke
         assert [r.status == "over_budget" for r in first] == [False, True]
         assert [r.status for r in second] == ["over_budget"]
         assert "budget" in second[0].content and "Tokyo" not in second[0].content
-        assert t.finish_reason is FinishReason.ANSWER  # the conversation goes on; the model can answer
+        assert t.finish_reason is TrajectoryEnd.ANSWER  # the conversation goes on; the model can answer
 
 
 def test_three_turns_keep_sampled_tokens_mask_and_logprobs(tokenizer, executor, tasks):
@@ -106,7 +106,7 @@ def test_three_turns_keep_sampled_tokens_mask_and_logprobs(tokenizer, executor, 
     trajs, engine = run(tokenizer, executor, tasks, script)
     assert engine.calls == 3
     for t in trajs:
-        assert t.finish_reason is FinishReason.ANSWER and len(t.turns) == 3
+        assert t.finish_reason is TrajectoryEnd.ANSWER and len(t.turns) == 3
         assert len(t.response_ids) == len(t.action_mask) == len(t.sampler_logprobs)
         full = t.prompt_ids + t.response_ids
         # each turn's prompt was exactly the conversation so far: token in, token out
@@ -136,7 +136,7 @@ def test_a_replayed_reference_is_the_sft_conversation_with_the_assistant_tokens_
     for kind in ("single", "double", "no_tool"):
         task = next(t for t in train if t.kind == kind and t.gt)
         traj = replay_reference(task, 5, tokenizer, executor, limits, HERMES)
-        assert traj.off_policy and traj.group_index == 5 and traj.finish_reason is FinishReason.ANSWER
+        assert traj.off_policy and traj.group_index == 5 and traj.finish_reason is TrajectoryEnd.ANSWER
         assert traj.num_tool_calls == task.expected_tool_calls
         # token for token what the warm start trains on, the same tokens masked in as actions
         sft = tokenize_conversation(tokenizer, task.conversation, task.tools)
@@ -156,27 +156,27 @@ def test_groups_are_contiguous(tokenizer, executor, tasks):
 
 def test_sampler_without_end_of_turn_token_ends_the_turn_by_token_limit(tokenizer, executor, tasks):
     trajs, _ = run(tokenizer, executor, tasks, ["no end token here"], stop=False)
-    assert {t.finish_reason for t in trajs} == {FinishReason.TURN_TOKENS}
+    assert {t.finish_reason for t in trajs} == {TrajectoryEnd.TURN_TOKENS}
 
 
 def test_tool_call_on_the_last_turn_is_unfinished(tokenizer, executor, tasks):
     trajs, engine = run(tokenizer, executor, tasks, [weather_call("Paris")] * 2, max_turns=2)
     assert engine.calls == 2
-    assert {t.finish_reason for t in trajs} == {FinishReason.MAX_TURNS}
+    assert {t.finish_reason for t in trajs} == {TrajectoryEnd.MAX_TURNS}
     assert all(len(t.turns) == 2 and t.turns[-1].tool_results for t in trajs)
 
 
 def test_malformed_call_is_invalid_and_runs_no_tool(tokenizer, executor, tasks):
     trajs, engine = run(tokenizer, executor, tasks, ["<tool_call>\n{broken\n</tool_call>"])
     assert engine.calls == 1
-    assert {t.finish_reason for t in trajs} == {FinishReason.INVALID}
+    assert {t.finish_reason for t in trajs} == {TrajectoryEnd.INVALID}
     assert all(not t.turns[0].tool_results for t in trajs)
 
 
 def test_token_budget_ends_the_trajectory(tokenizer, executor, tasks):
     prompt = len(render(tokenizer, tasks[0].messages, tasks[0].tools, True))
     trajs, _ = run(tokenizer, executor, tasks[:1], [weather_call("Paris")] * 3, max_total=prompt + 5)
-    assert {t.finish_reason for t in trajs} == {FinishReason.TOKEN_BUDGET}
+    assert {t.finish_reason for t in trajs} == {TrajectoryEnd.TOKEN_BUDGET}
     assert all(len(t.response_ids) == 5 and sum(t.action_mask) == 5 for t in trajs)
 
 
@@ -184,7 +184,7 @@ def test_unknown_tool_becomes_an_error_observation_and_the_run_goes_on(tokenizer
     bad = '<tool_call>\n{"name": "launch_rockets", "arguments": {}}\n</tool_call>'
     trajs, _ = run(tokenizer, executor, tasks, [bad, "Sorry."])
     for t in trajs:
-        assert t.finish_reason is FinishReason.ANSWER
+        assert t.finish_reason is TrajectoryEnd.ANSWER
         result = t.turns[0].tool_results[0]
         assert result.status == "unknown_tool" and "launch_rockets" in result.content
 
@@ -199,7 +199,7 @@ def test_sampler_that_ends_the_turn_without_returning_the_end_token(tokenizer, e
     trajs, engine = run(tokenizer, executor, tasks, script, return_eos=False)
     first = tokenizer.encode(script[0], add_special_tokens=False)
     for t in trajs:
-        assert t.finish_reason is FinishReason.ANSWER and t.turns[0].parsed.kind is TurnKind.TOOL
+        assert t.finish_reason is TrajectoryEnd.ANSWER and t.turns[0].parsed.kind is TurnKind.TOOL
         sampled = [tok for tok, m in zip(t.response_ids, t.action_mask) if m]
         assert sampled == first + tokenizer.encode(script[1], add_special_tokens=False)
         # the framework closed the assistant turn itself, with mask 0
@@ -232,7 +232,7 @@ def test_qwen3_coder_calls_run_end_to_end(coder_tokenizer, executor):
     trajs, engine = run(coder_tokenizer, executor, [convert_task()], script, protocol=QWEN3_CODER)
     assert engine.calls == 2
     for t in trajs:
-        assert t.finish_reason is FinishReason.ANSWER
+        assert t.finish_reason is TrajectoryEnd.ANSWER
         [result] = t.turns[0].tool_results
         assert result.status == "ok" and "5000" in result.content  # the schema's number arrived as a number
         observed = observed_text(coder_tokenizer, t)
@@ -243,7 +243,7 @@ def test_qwen3_coder_calls_run_end_to_end(coder_tokenizer, executor):
 def test_strict_single_policy_ends_the_trajectory_without_running_a_tool(coder_tokenizer, executor, turn):
     trajs, engine = run(coder_tokenizer, executor, [convert_task()], [turn, "unused"], protocol=QWEN3_CODER)
     assert engine.calls == 1
-    assert {t.finish_reason for t in trajs} == {FinishReason.INVALID}
+    assert {t.finish_reason for t in trajs} == {TrajectoryEnd.INVALID}
     assert all(not t.turns[0].tool_results for t in trajs)
 
 
@@ -403,7 +403,7 @@ def test_draw_samples_each_token_at_its_probability_and_never_a_zero():
     """The inverse-CDF draw the samplers use: frequencies over 200k draws match the probabilities (to
     0.005, about 4 standard errors), tokens of probability 0 (first, inner and last) never come up, and
     rows need not sum to 1."""
-    from minirl.sampling import draw
+    from minirl.inference.sampling import draw
 
     probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0])
     rows = 200_000
@@ -417,7 +417,7 @@ def test_draw_samples_each_token_at_its_probability_and_never_a_zero():
 
 
 def test_draw_follows_its_generator():
-    from minirl.sampling import draw
+    from minirl.inference.sampling import draw
 
     probs = torch.rand(8, 50)
     first = draw(probs, torch.Generator().manual_seed(3))

@@ -21,9 +21,9 @@ from hydra import compose, initialize_config_dir
 
 from minirl.config import SandboxConfig, ToolsConfig, register_configs, to_config
 from minirl.entry import CONF_DIR
-from minirl.protocol.parsing import ToolCall
-from minirl.registry import ConfigError
+from minirl.errors import ConfigError
 from minirl.tools import ToolError, ToolExecutor, build_tools, code_interpreter, sandbox
+from minirl.tools.base import ToolCall
 from minirl.tools.code_interpreter import CONTROL_TOKENS, CodeInterpreter, neutralise
 from minirl.tools.sandbox_child import CONTAINED_WORKDIR
 

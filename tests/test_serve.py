@@ -31,16 +31,17 @@ from rich.console import Console
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirl.config import Config, EvalConfig, ProtocolConfig, ServeConfig
+from minirl.errors import ConfigError
 from minirl.evaluation.backends import OpenAIBackend
 from minirl.protocol.chat import render
-from minirl.protocol.parsing import ToolCall, parse_turn
-from minirl.registry import ConfigError
+from minirl.protocol.parsing import parse_turn
 from minirl.serving.app import ServedModel, create_app
 from minirl.serving.auth import API_KEY_ENV, is_loopback, resolve_api_key
-from minirl.serving.decoder import Decoder, DecodeRow, FinishReason, RowResult, SamplingSpec
+from minirl.serving.decoder import Decoder, DecodeRow, RowResult, SamplingSpec, StopReason
 from minirl.serving.scheduler import Scheduler
 from minirl.serving.turn_splitter import Channel, TurnSplitter
 from minirl.tools import ToolExecutor, build_tools
+from minirl.tools.base import ToolCall
 
 GREETING_PROMPT = GREETING[:2]
 QUESTION = CONVERSATION[:2]  # system + user: the model answers with two calls
@@ -165,7 +166,7 @@ def test_batched_kv_cache_decoding_matches_generate(tool_model):
         prompt = render(tokenizer, messages, [CALC_TOOL] if messages is QUESTION else None, True)
         out = model.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)[0, len(prompt) :].tolist()
         assert out[-1] == tokenizer.eos_token_id
-        assert sink.result == RowResult(tokenizer.decode(out[:-1]), FinishReason.stop, len(out))
+        assert sink.result == RowResult(tokenizer.decode(out[:-1]), StopReason.stop, len(out))
     assert sinks[0].result.text == GREETING[2]["content"]
 
 
@@ -177,8 +178,8 @@ def test_rows_stop_at_their_own_stop_strings_and_max_tokens(tool_model):
         (GREETING_PROMPT, greedy(64)),
     ]
     stopped, cut, full = (sink.result for sink in decode(tool_model, rows))
-    assert stopped.text == "<think>A greeting.</think>Hello! " and stopped.finish_reason is FinishReason.stop
-    assert cut.finish_reason is FinishReason.length and cut.completion_tokens == 3
+    assert stopped.text == "<think>A greeting.</think>Hello! " and stopped.finish_reason is StopReason.stop
+    assert cut.finish_reason is StopReason.length and cut.completion_tokens == 3
     assert full.text == GREETING[2]["content"] and full.completion_tokens > stopped.completion_tokens
 
 
@@ -194,7 +195,7 @@ def test_a_cancelled_row_stops_and_the_others_go_on(tool_model):
     sinks = [RecordingSink(cancel_after=2), RecordingSink()]
     rows = [(QUESTION, SamplingSpec(64, temperature=0)), (GREETING_PROMPT, SamplingSpec(64, temperature=0))]
     cancelled, finished = (sink.result for sink in decode(tool_model, rows, sinks))
-    assert cancelled.finish_reason is FinishReason.cancelled and cancelled.completion_tokens < 10
+    assert cancelled.finish_reason is StopReason.cancelled and cancelled.completion_tokens < 10
     assert finished.text == GREETING[2]["content"]
 
 
@@ -218,7 +219,7 @@ class ScriptedDecoder:
             raise RuntimeError("scripted failure")
         for row in rows:
             row.sink.text("ok")
-            row.sink.done(RowResult("ok", FinishReason.stop, 1))
+            row.sink.done(RowResult("ok", StopReason.stop, 1))
 
 
 class EndlessDecoder(ScriptedDecoder):
@@ -236,7 +237,7 @@ class EndlessDecoder(ScriptedDecoder):
             for row in live:  # read each row's cancellation once: it may arrive at any moment
                 row.sink.text("x")
                 if row.sink.cancelled():
-                    row.sink.done(RowResult("x", FinishReason.cancelled, 1))
+                    row.sink.done(RowResult("x", StopReason.cancelled, 1))
                     self.cancelled += 1
                 else:
                     going.append(row)
@@ -245,7 +246,7 @@ class EndlessDecoder(ScriptedDecoder):
 
 
 class BrokenResultDecoder(ScriptedDecoder):
-    """Answers every row with a result whose finish reason is no FinishReason: a bug inside the server."""
+    """Answers every row with a result whose finish reason is no StopReason: a bug inside the server."""
 
     def decode(self, rows: list[DecodeRow]) -> None:
         for row in rows:

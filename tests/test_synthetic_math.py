@@ -12,9 +12,9 @@ from minirl.data import DATASETS, Task
 from minirl.data.generation import prompt_text
 from minirl.data.synthetic_math import GENERATOR, SYSTEM_PROMPT
 from minirl.data.task import task_from_row
-from minirl.protocol.parsing import ToolCall
-from minirl.sft import sft_examples
 from minirl.tools import ToolExecutor, build_tools
+from minirl.tools.base import ToolCall
+from minirl.training.sft import sft_examples
 
 KINDS = {"product", "sum", "mod_pow", "count_multiples", "count_primes", "power_digit_sum"}
 # one fragment of an "extra" phrasing per family: RL sees them, the warm start never does

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minirl.protocol.parsing import ToolCall
-from minirl.registry import ConfigError
+from minirl.errors import ConfigError
 from minirl.tools import (
     MINIMIND_TOOL_NAMES,
     TOOLS,
@@ -20,7 +19,7 @@ from minirl.tools import (
     build_tools,
     validate_arguments,
 )
-from minirl.tools.base import check_offered_tools
+from minirl.tools.base import ToolCall, check_offered_tools
 
 SCHEMA = {
     "type": "object",

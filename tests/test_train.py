@@ -18,10 +18,10 @@ from transformers import AutoModelForCausalLM
 
 from minirl.config import register_configs
 from minirl.data.task import Task
-from minirl.decoding import prompt_shared_logits
 from minirl.evaluation.compare import sign_test_p
+from minirl.inference.decoding import prompt_shared_logits
 from minirl.metrics import group_metrics
-from minirl.rollout.trajectory import FinishReason, Trajectory
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
 from minirl.trainer import Trainer, collate, micro_batches, token_logprobs, train
 
 register_configs()
@@ -431,7 +431,7 @@ def test_a_step_whose_groups_all_tie_makes_no_update(cache_dir, tmp_path, monkey
 def test_overlong_mask_takes_truncated_trajectories_out_of_the_loss(cache_dir, tmp_path):
     trainer = Trainer(debug_config(cache_dir, tmp_path, "algo.overlong=mask", "loss.beta=0"), console=None)
     _, trajs = trainer.sample_groups()
-    reasons = [FinishReason.TURN_TOKENS, FinishReason.ANSWER, FinishReason.TOKEN_BUDGET, FinishReason.MAX_TURNS]
+    reasons = [TrajectoryEnd.TURN_TOKENS, TrajectoryEnd.ANSWER, TrajectoryEnd.TOKEN_BUDGET, TrajectoryEnd.MAX_TURNS]
     for traj, reason in zip(trajs, reasons):
         traj.finish_reason = reason
     batch = collate(trajs, torch.zeros(4), trainer.tokenizer.pad_token_id)

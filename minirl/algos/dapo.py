@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from minirl.rollout.trajectory import FinishReason, Trajectory
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
 
 # finish reasons of a trajectory that a length limit cut off (the text did not end by itself)
-TRUNCATED = frozenset({FinishReason.TURN_TOKENS, FinishReason.TOKEN_BUDGET})
+TRUNCATED = frozenset({TrajectoryEnd.TURN_TOKENS, TrajectoryEnd.TOKEN_BUDGET})
 
 
 def truncated(traj: Trajectory) -> bool:

@@ -18,8 +18,9 @@ from typing import Protocol
 from minirl.config import OnError
 from minirl.data import synthetic_math, synthetic_tools
 from minirl.data.jsonl import load_jsonl
-from minirl.data.task import DataError, Task
-from minirl.registry import ConfigError, Registry
+from minirl.data.task import Task
+from minirl.errors import ConfigError, DataError
+from minirl.registry import Registry
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from minirl.data.task import DataError, Task, task_from_row
+from minirl.data.task import Task, task_from_row
+from minirl.errors import DataError
 
 _TRIES_PER_ROW = 20  # draws from the chosen family before it counts as full for this row
 _PICKS_PER_ROW = 10  # family choices allowed per requested row before the space counts as too small

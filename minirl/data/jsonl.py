@@ -8,7 +8,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from minirl.data.task import DataError, Task, task_from_row
+from minirl.data.task import Task, task_from_row
+from minirl.errors import DataError
 
 _BOM = b"\xef\xbb\xbf"  # some editors start a UTF-8 file with it; JSON does not allow it
 _DRAIN_BYTES = 1 << 20  # the rest of an over-long line is read and dropped this much at a time

@@ -25,8 +25,8 @@ from typing import Any
 
 from minirl.data.generation import Phrasings, RowGenerator
 from minirl.data.task import Task
-from minirl.protocol.parsing import ToolCall
 from minirl.tools import MINIMIND_TOOL_NAMES, ToolExecutor, build_tools
+from minirl.tools.base import ToolCall
 from minirl.tools.minimind import LANGUAGES, PHRASES, TIMEZONE_OFFSETS, USD_RATES
 
 SYSTEM_PROMPT = (

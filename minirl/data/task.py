@@ -28,14 +28,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from minirl.errors import DataError
+
 MAX_MESSAGES = 256  # a conversation longer than this is a broken export, not an agent episode
 MAX_GT_VALUES = 64  # more values than an answer can state; matching every one would reward listing
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 _JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
-
-
-class DataError(ValueError):
-    """A task row is malformed; the message starts with where it came from (e.g. `data.jsonl:12`)."""
 
 
 def _json_type(value: Any) -> str:

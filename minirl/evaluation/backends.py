@@ -15,13 +15,16 @@ from typing import Protocol
 
 from rich.console import Console
 
+from minirl.bootstrap import model_path
 from minirl.config import Config
 from minirl.data.task import Task
-from minirl.models.loading import load_model, load_tokenizer, resolve_device, resolve_model_path
-from minirl.registry import ConfigError, Registry
+from minirl.errors import ConfigError
+from minirl.models.loading import load_model, load_tokenizer
+from minirl.registry import Registry
 from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import SamplingParams, build_engine
 from minirl.rollout.trajectory import Trajectory
+from minirl.runtime import resolve_device
 from minirl.tools import ToolExecutor
 
 
@@ -43,7 +46,7 @@ class LocalBackend:
 
     def __init__(self, cfg: Config, console: Console) -> None:
         device = resolve_device(cfg.trainer.device)
-        path = resolve_model_path(cfg, console)
+        path = model_path(cfg, console)
         self.tokenizer = load_tokenizer(path, cfg)
         policy = load_model(path, cfg, device, trainable=False)
         self.engine = build_engine(cfg.rollout, policy, self.tokenizer, device, path)

@@ -15,7 +15,7 @@ in a result (`<|im_end|>`) is not defused, so the endpoint's tokenizer may read 
 text is what the endpoint returns, not the sampled text verbatim (no call markup; a <think> cut by max_tokens
 comes back closed), so reward terms that read raw text (repetition, think length) can differ on a conversation
 that did not end with an answer.
-A request that still fails after the client's retries ends its conversation as FinishReason.ERROR with the error.
+A request that still fails after the client's retries ends its conversation as TrajectoryEnd.ERROR with the error.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import openai
 
 from minirl.config import ProtocolConfig
 from minirl.data.task import Task
+from minirl.errors import ConfigError
 from minirl.protocol.parsing import THINK_CLOSE, THINK_OPEN, parse_message
-from minirl.registry import ConfigError
 from minirl.rollout.agent_loop import AgentLimits, run_turn_tools
 from minirl.rollout.engine import SamplingParams
-from minirl.rollout.trajectory import FinishReason, Trajectory, Turn
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
 from minirl.tools.base import ToolExecutor
 
 MAX_RETRIES = 3  # per request, with the client's backoff: connection errors, timeouts, 408, 409, 429, 5xx
@@ -75,7 +75,7 @@ def run_chat_agent(
         try:
             _converse(client, model, executor, traj, limits, sampling, seed, protocol)
         except openai.APIError as err:
-            traj.finish_reason, traj.error = FinishReason.ERROR, f"{type(err).__name__}: {err}"
+            traj.finish_reason, traj.error = TrajectoryEnd.ERROR, f"{type(err).__name__}: {err}"
         return traj
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -121,11 +121,11 @@ def _converse(
     for turn_index in range(limits.max_turns):
         response = client.chat.completions.create(**_request(model, messages, task, sampling, seed))
         if not response.choices:
-            traj.finish_reason, traj.error = FinishReason.ERROR, "the endpoint returned no choices"
+            traj.finish_reason, traj.error = TrajectoryEnd.ERROR, "the endpoint returned no choices"
             return
         choice, usage = response.choices[0], response.usage
         if usage is not None and usage.prompt_tokens >= limits.max_total_tokens:
-            traj.finish_reason = FinishReason.TOKEN_BUDGET  # the training loop stops before sampling this turn
+            traj.finish_reason = TrajectoryEnd.TOKEN_BUDGET  # the training loop stops before sampling this turn
             return
         content = choice.message.content or ""
         reasoning = _reasoning(choice.message)
@@ -139,10 +139,10 @@ def _converse(
         turn = Turn(f"{THINK_OPEN}{reasoning}{THINK_CLOSE}{content}" if reasoning else content, parsed)
         traj.turns.append(turn)
         if usage is not None and usage.prompt_tokens + usage.completion_tokens > limits.max_total_tokens:
-            traj.finish_reason = FinishReason.TOKEN_BUDGET
+            traj.finish_reason = TrajectoryEnd.TOKEN_BUDGET
             return
         if choice.finish_reason == "length":
-            traj.finish_reason = FinishReason.TURN_TOKENS
+            traj.finish_reason = TrajectoryEnd.TURN_TOKENS
             return
         if not run_turn_tools(traj, turn, turn_index, executor, limits):
             return

@@ -19,7 +19,7 @@ from minirl.evaluation.backends import EVAL_BACKENDS
 from minirl.evaluation.report import EvalReport, RunInfo, build_report, print_report
 from minirl.rewards import SUCCESS_CRITERIA, score_all
 from minirl.tools.base import check_offered_tools
-from minirl.trainer import check_names
+from minirl.validate import validate
 
 
 def evaluate(cfg: Config, console: Console | None = None) -> EvalReport:
@@ -27,7 +27,7 @@ def evaluate(cfg: Config, console: Console | None = None) -> EvalReport:
     to eval.output (relative to the run directory)."""
     console = console or Console()
     make_backend = EVAL_BACKENDS.get(cfg.eval.backend)  # every name resolves before any model loads
-    check_names(cfg)
+    validate(cfg)
     solved = SUCCESS_CRITERIA.get(cfg.reward.success)
     tasks = DATASETS.get(cfg.data.name)(cfg.data).heldout[: cfg.eval.max_tasks]
     check_offered_tools((schema for task in tasks for schema in task.tools), cfg.tools.names)

@@ -1,8 +1,6 @@
-"""Load a policy (and its tokenizer) by hub id or local path, through the Auto* classes.
-
-`model.name_or_path=tiny` resolves to the embedded model's cache directory first (building and
-warm-starting it when missing); from there on it is loaded exactly like any other checkpoint.
-"""
+"""Load a policy (and its tokenizer) by hub id or local path, through the Auto* classes. Loading never
+builds or trains: `model.name_or_path=tiny` is resolved to a directory by `minirl.bootstrap` first, and
+from there on the embedded model loads exactly like any other checkpoint."""
 
 from __future__ import annotations
 
@@ -12,41 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirl.config import Config
-from minirl.registry import ConfigError
-
-
-def resolve_device(name: str, deterministic: bool = False) -> torch.device:
-    """`name` (auto: CUDA when there is one) as a torch device; on CUDA, picks the attention kernels.
-    `deterministic`: backward passes must add up in a fixed order (training under trainer.deterministic)."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
-    if device.type in available and not available[device.type]():
-        raise ConfigError(
-            f"trainer.device={name}: no {device.type} device here (torch {torch.__version__}); use auto or cpu"
-        )
-    if device.type == "cuda":
-        choose_cuda_attention(deterministic)
-    return device
-
-
-def choose_cuda_attention(deterministic: bool) -> None:
-    """cuDNN's fused attention builds a graph for each new sequence length (hundreds of ms each), and
-    rollouts and updates bring new lengths every step, so it is off. The other fused kernels' backward
-    passes add up in whatever order their blocks finish: a deterministic run attends with the math kernel.
-    (CUDA only: the CPU kernels read the same switches.)"""
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    torch.backends.cuda.enable_flash_sdp(not deterministic)
-    torch.backends.cuda.enable_mem_efficient_sdp(not deterministic)
-
-
-def resolve_model_path(cfg: Config, console, warm_start: bool = True) -> str:
-    if cfg.model.name_or_path != "tiny":
-        return cfg.model.name_or_path
-    from minirl.models.bootstrap import ensure_tiny
-
-    return str(ensure_tiny(cfg, console, warm=cfg.model.warm_start and warm_start))
+from minirl.errors import ConfigError
 
 
 def _from_pretrained(auto_class, path: str, **kwargs):
@@ -81,8 +45,3 @@ def load_tokenizer(path: str, cfg: Config):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
-
-
-def load_model_and_tokenizer(cfg: Config, console, device: torch.device, warm_start: bool = True):
-    path = resolve_model_path(cfg, console, warm_start)
-    return load_model(path, cfg, device), load_tokenizer(path, cfg)

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from minirl.config import CallPolicy
 from minirl.protocol.formats import CALL_FORMATS, read_name_and_arguments
+from minirl.tools.base import ToolCall
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -31,24 +33,6 @@ class TurnKind(str, Enum):
     ANSWER = "answer"
     TOOL = "tool"
     INVALID = "invalid"
-
-
-class CallPolicy(str, Enum):
-    multi = "multi"  # MiniMind: several calls per turn, up to a maximum
-    strict_single = "strict_single"  # ReTool: one call, nothing after it, no empty argument
-
-
-@dataclass
-class ToolCall:
-    """One call the model asked for. `arguments` is always a dict once parsed."""
-
-    id: str
-    name: str
-    arguments: dict[str, Any]
-
-    def to_message_dict(self) -> dict[str, Any]:
-        """OpenAI-style entry for an assistant message's `tool_calls` list."""
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
 @dataclass

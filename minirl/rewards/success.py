@@ -12,7 +12,7 @@ from collections.abc import Callable
 from minirl.registry import Registry
 from minirl.rewards.matching import credited_hits, has_protocol_markup
 from minirl.rewards.math_answer import equivalent, last_boxed
-from minirl.rollout.trajectory import FinishReason, Trajectory
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
 
 SuccessCriterion = Callable[[Trajectory], bool]
 SUCCESS_CRITERIA: Registry[SuccessCriterion] = Registry("success criterion")
@@ -29,7 +29,7 @@ def answer_hits(traj: Trajectory) -> list[bool]:
 def gt_in_answer(traj: Trajectory) -> bool:
     """Ended with an answer that earns every gt value (`answer_hits`); with no gt, ending with an answer
     free of tool-protocol markup suffices."""
-    if traj.finish_reason is not FinishReason.ANSWER:
+    if traj.finish_reason is not TrajectoryEnd.ANSWER:
         return False
     return all(answer_hits(traj)) and not has_protocol_markup(traj.final_text)
 
@@ -40,7 +40,7 @@ def boxed_answer(traj: Trajectory) -> bool:
 
     Without gt nothing can be checked, so nothing succeeds.
     """
-    if traj.finish_reason is not FinishReason.ANSWER or not traj.task.gt:
+    if traj.finish_reason is not TrajectoryEnd.ANSWER or not traj.task.gt:
         return False
     answer = last_boxed(traj.final_text)
     return answer is not None and equivalent(answer, traj.task.gt[0])

@@ -21,16 +21,17 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
+from minirl.errors import ConfigError
 from minirl.protocol.parsing import THINK_CLOSE, THINK_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TurnKind
-from minirl.registry import ConfigError, Registry
+from minirl.registry import Registry
 from minirl.rewards import success
 from minirl.rewards.matching import CJK, has_protocol_markup
-from minirl.rollout.trajectory import FinishReason, Trajectory
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
 
 RewardTerm = Callable[[Trajectory], float]
 REWARD_TERMS: Registry[RewardTerm] = Registry("reward term")
 
-_OUT_OF_BUDGET = (FinishReason.MAX_TURNS, FinishReason.TURN_TOKENS, FinishReason.TOKEN_BUDGET)
+_OUT_OF_BUDGET = (TrajectoryEnd.MAX_TURNS, TrajectoryEnd.TURN_TOKENS, TrajectoryEnd.TOKEN_BUDGET)
 # a word is a run of letters/digits; each CJK character is a word of its own (no spaces there)
 _WORDS = re.compile(rf"[{CJK}]|[^\W_{CJK}]+")
 
@@ -55,7 +56,7 @@ def _think_text(text: str) -> str:
 
 def _last_words(traj: Trajectory) -> str:
     """The final answer, or the last turn's raw text when the trajectory did not end with one."""
-    if traj.finish_reason is FinishReason.ANSWER:
+    if traj.finish_reason is TrajectoryEnd.ANSWER:
         return traj.final_text
     return traj.turns[-1].text if traj.turns else ""
 
@@ -110,7 +111,7 @@ def unfinished(traj: Trajectory) -> float:
 @REWARD_TERMS.register("invalid_turn")
 def invalid_turn(traj: Trajectory) -> float:
     """-1 when the rollout stopped on a turn that could not be parsed."""
-    return -1.0 if traj.finish_reason is FinishReason.INVALID else 0.0
+    return -1.0 if traj.finish_reason is TrajectoryEnd.INVALID else 0.0
 
 
 @REWARD_TERMS.register("tag_balance")

@@ -18,7 +18,7 @@ from minirl.protocol.chat import assistant_turn, next_prompt, render, turn_delta
 from minirl.protocol.observation import tool_messages
 from minirl.protocol.parsing import TurnKind, parse_turn
 from minirl.rollout.engine import Completion, Engine, SamplingParams
-from minirl.rollout.trajectory import FinishReason, Trajectory, Turn
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
 from minirl.tools.base import ToolExecutor
 
 
@@ -89,17 +89,17 @@ def run_turn_tools(traj: Trajectory, turn: Turn, turn_index: int, executor: Tool
     and end at max_turns. Returns whether the trajectory goes on to another turn. Both agent loops (this
     one and the message-level one in minirl/evaluation) share it."""
     if turn.parsed.kind is TurnKind.ANSWER:
-        traj.finish_reason = FinishReason.ANSWER
+        traj.finish_reason = TrajectoryEnd.ANSWER
         return False
     if turn.parsed.kind is TurnKind.INVALID:
-        traj.finish_reason = FinishReason.INVALID
+        traj.finish_reason = TrajectoryEnd.INVALID
         return False
     used = sum(len(t.tool_results) for t in traj.turns[:-1])
     turn.tool_results = executor.execute_many(
         turn.parsed.tool_calls, allowed=_tool_names(traj.task), budget=limits.max_tool_calls - used
     )
     if turn_index + 1 >= limits.max_turns:
-        traj.finish_reason = FinishReason.MAX_TURNS
+        traj.finish_reason = TrajectoryEnd.MAX_TURNS
         return False
     return True
 
@@ -133,10 +133,10 @@ def _advance(
     turn = Turn(text, parsed)
     traj.turns.append(turn)
     if len(tokens) < len(completion.token_ids):
-        traj.finish_reason = FinishReason.TOKEN_BUDGET
+        traj.finish_reason = TrajectoryEnd.TOKEN_BUDGET
         return
     if not completion.stopped:
-        traj.finish_reason = FinishReason.TURN_TOKENS
+        traj.finish_reason = TrajectoryEnd.TURN_TOKENS
         return
     if not run_turn_tools(traj, turn, turn_index, executor, limits):
         return
@@ -144,7 +144,7 @@ def _advance(
     deltas = turn_deltas(tokenizer, state.history, traj.task.tools, observations)
     prompt, added = next_prompt(state.prompt, tokens, deltas)
     if len(prompt) >= limits.max_total_tokens:
-        traj.finish_reason = FinishReason.TOKEN_BUDGET
+        traj.finish_reason = TrajectoryEnd.TOKEN_BUDGET
         return
     traj.response_ids += added
     traj.action_mask += [0] * len(added)

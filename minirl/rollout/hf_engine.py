@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
-from minirl.decoding import left_padded
+from minirl.inference.decoding import left_padded
+from minirl.inference.sampling import is_greedy
 from minirl.rollout.engine import ENGINES, Completion, ModuleEngine, SamplingParams
-from minirl.sampling import is_greedy
 
 
 @ENGINES.register("hf")

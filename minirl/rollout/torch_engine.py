@@ -1,7 +1,7 @@
 """Rollouts with a plain PyTorch decoding loop on the policy module itself (CPU or one GPU).
 
 Unlike `generate`, which steps every row until the longest one ends, a row leaves the batch and the KV
-cache as soon as it samples the end-of-turn token (`minirl.decoding.CachedBatch`), so a batch whose
+cache as soon as it samples the end-of-turn token (`minirl.inference.decoding.CachedBatch`), so a batch whose
 turns are mostly short costs about its mean length, not its longest. The keys and values of the rows a
 call finished are kept until the next call, whose prompts continue those conversations: a turn's prefill
 encodes only the observation and the template tokens appended since the last one (`PrefixStore`).
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from minirl.decoding import CachedBatch, PrefixStore
+from minirl.inference.decoding import CachedBatch, PrefixStore
+from minirl.inference.sampling import draw, is_greedy, warped
 from minirl.rollout.engine import ENGINES, Completion, ModuleEngine, SamplingParams
-from minirl.sampling import draw, is_greedy, warped
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,7 +13,9 @@ if TYPE_CHECKING:
     from minirl.tools.base import ToolResult
 
 
-class FinishReason(str, Enum):
+class TrajectoryEnd(str, Enum):
+    """Why a trajectory ended (Trajectory.finish_reason); why one decoding row stopped is inference's StopReason."""
+
     ANSWER = "answer"  # the model answered without a tool call
     INVALID = "invalid"  # the turn could not be parsed (bad markup / JSON)
     MAX_TURNS = "max_turns"  # still calling tools after rollout.max_turns turns
@@ -48,11 +50,11 @@ class Trajectory:
     action_mask: list[int] = field(default_factory=list)  # [R] 1 = sampled by the policy
     sampler_logprobs: list[float] = field(default_factory=list)  # [R] log p_sampler(token)
     turns: list[Turn] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
+    finish_reason: TrajectoryEnd | None = None
     reward: float = 0.0
     reward_terms: dict[str, float] = field(default_factory=dict)
     advantage: float = 0.0  # set by the trainer for the trajectories it learns from
-    error: str = ""  # why the policy could not be reached, under FinishReason.ERROR
+    error: str = ""  # why the policy could not be reached, under TrajectoryEnd.ERROR
     off_policy: bool = False  # the task's reference answer replayed (replay_reference), not sampled
 
     @property
@@ -66,6 +68,6 @@ class Trajectory:
     @property
     def final_text(self) -> str:
         """The last turn's answer text; empty unless the trajectory ended with an answer."""
-        if self.finish_reason is not FinishReason.ANSWER or not self.turns:
+        if self.finish_reason is not TrajectoryEnd.ANSWER or not self.turns:
             return ""
         return self.turns[-1].parsed.content

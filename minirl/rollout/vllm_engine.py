@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from minirl.registry import ConfigError
+from minirl.errors import ConfigError
 from minirl.rollout.engine import ENGINES, Completion, SamplingParams
 
 

@@ -30,7 +30,7 @@ from minirl.config import ProtocolConfig, ServeConfig
 from minirl.protocol.chat import render
 from minirl.protocol.parsing import ParsedTurn, parse_turn
 from minirl.serving.auth import BearerAuth
-from minirl.serving.decoder import FinishReason, SamplingSpec
+from minirl.serving.decoder import SamplingSpec, StopReason
 from minirl.serving.openai_api import (
     APIError,
     ChatCompletionRequest,
@@ -178,7 +178,7 @@ async def _choice_deltas(job: Job, splitters: Sequence[TurnSplitter]) -> AsyncIt
         splitter = splitters[event.index]
         if not isinstance(event, DoneEvent):
             pieces, calls = splitter.feed(event.text), []
-        elif event.result.finish_reason is FinishReason.cancelled:
+        elif event.result.finish_reason is StopReason.cancelled:
             raise JobFailed("the request was cancelled before it finished")
         else:
             pieces, calls = splitter.finish()

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from minirl.config import ServeConfig
-from minirl.registry import ConfigError
+from minirl.errors import ConfigError
 from minirl.serving.openai_api import error_body
 
 API_KEY_ENV = "MINIRL_API_KEY"

@@ -1,11 +1,11 @@
 """Batched step-wise decoding with a KV cache: the server's sampler.
 
-`Decoder.decode(rows)` decodes a fixed set of rows together on one KV cache (`minirl.decoding`). A row
+`Decoder.decode(rows)` decodes a fixed set of rows together on one KV cache (`minirl.inference.decoding`). A row
 finishes on an end-of-turn token, on one of its stop strings, at its own max_tokens, or when its sink
 reports the request cancelled; finished rows leave the batch and the KV cache at once.
 
 Each row samples with its own temperature (0, or below 1e-5 as in vLLM, = greedy), top-p and top-k
-(filtered as the trainer assumes: `minirl.sampling`) and its own torch.Generator, so a seeded row draws
+(filtered as the trainer assumes: `minirl.inference.sampling`) and its own torch.Generator, so a seeded row draws
 the same tokens whatever it is batched with, up to the rounding of batched matrix products.
 
 Text reaches the sink as it settles: the completion is decoded as a whole after every token, and
@@ -23,8 +23,8 @@ from typing import Protocol
 
 import torch
 
-from minirl.decoding import CachedBatch
-from minirl.sampling import draw, is_greedy, warped
+from minirl.inference.decoding import CachedBatch
+from minirl.inference.sampling import draw, is_greedy, warped
 
 INCOMPLETE_CHAR = "\ufffd"  # what the byte-level decoder writes for a UTF-8 character cut short
 
@@ -41,7 +41,7 @@ class SamplingSpec:
     stop: tuple[str, ...] = ()  # the text ends before the first occurrence of any of them
 
 
-class FinishReason(str, Enum):
+class StopReason(str, Enum):
     stop = "stop"  # an end-of-turn token or a stop string
     length = "length"  # max_tokens
     cancelled = "cancelled"  # the sink asked to stop
@@ -50,7 +50,7 @@ class FinishReason(str, Enum):
 @dataclass
 class RowResult:
     text: str  # the completion's text without the end-of-turn token and without the stop string
-    finish_reason: FinishReason
+    finish_reason: StopReason
     completion_tokens: int  # tokens sampled, an end-of-turn token included
 
 
@@ -108,15 +108,15 @@ class _LiveRow:
         """Take the sampled token; True when the row is finished (its sink has the result)."""
         self.tokens.append(token)
         if self.row.sink.cancelled():
-            return self._finish(self._decode(self.tokens), FinishReason.cancelled)
+            return self._finish(self._decode(self.tokens), StopReason.cancelled)
         if token in self.end_ids:
-            return self._finish(self._decode(self.tokens[:-1]), FinishReason.stop)
+            return self._finish(self._decode(self.tokens[:-1]), StopReason.stop)
         text = self._decode(self.tokens)
         cut = self._stop_at(text)
         if cut >= 0:
-            return self._finish(text[:cut], FinishReason.stop)
+            return self._finish(text[:cut], StopReason.stop)
         if len(self.tokens) >= self.spec.max_tokens:
-            return self._finish(text, FinishReason.length)
+            return self._finish(text, StopReason.length)
         settled = text.rstrip(INCOMPLETE_CHAR)
         self._send(text, len(settled) - _partial_suffix(settled, self.spec.stop))
         return False
@@ -134,7 +134,7 @@ class _LiveRow:
             self.row.sink.text(text[self.sent : end])
             self.sent = end
 
-    def _finish(self, text: str, reason: FinishReason) -> bool:
+    def _finish(self, text: str, reason: StopReason) -> bool:
         self._send(text, len(text))
         self.row.sink.done(RowResult(text, reason, len(self.tokens)))
         return True
@@ -158,7 +158,7 @@ class Decoder:
         live = []
         for row in rows:
             if row.sink.cancelled():  # gave up while it waited for this batch
-                row.sink.done(RowResult("", FinishReason.cancelled, 0))
+                row.sink.done(RowResult("", StopReason.cancelled, 0))
             else:
                 live.append(_LiveRow(row, self.tokenizer, self.end_ids, self.device))
         if not live:

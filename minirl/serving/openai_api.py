@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from minirl.protocol.formats import lone_surrogate_at, read_name_and_arguments
-from minirl.protocol.parsing import ToolCall
+from minirl.tools.base import ToolCall
 
 MAX_STOP_STRINGS = 4
 

@@ -7,10 +7,14 @@ import signal
 
 from rich.console import Console
 
+from minirl.bootstrap import model_path
 from minirl.config import Config
-from minirl.models.loading import load_model, load_tokenizer, resolve_device, resolve_model_path
-from minirl.protocol.formats import CALL_FORMATS
-from minirl.registry import ConfigError
+from minirl.errors import ConfigError
+from minirl.models.loading import load_model, load_tokenizer
+from minirl.runtime import resolve_device
+from minirl.serving.decoder import Decoder
+from minirl.serving.scheduler import Scheduler
+from minirl.validate import validate
 
 
 def serve(cfg: Config, console: Console) -> None:
@@ -25,12 +29,9 @@ def serve(cfg: Config, console: Console) -> None:
         raise ConfigError(
             f'python -m minirl.serve needs the server stack ({err.name}): pip install -e ".[serve]"'
         ) from err
-    from minirl.serving.decoder import Decoder
-    from minirl.serving.scheduler import Scheduler
-
-    CALL_FORMATS.get(cfg.protocol.format)  # an unknown format fails before the model loads
+    validate(cfg)  # an unknown name fails before the model loads
     api_key = resolve_api_key(cfg.serve)  # and so does a host beyond loopback without a key
-    path = resolve_model_path(cfg, console)
+    path = model_path(cfg, console)
     model = load_model(path, cfg, resolve_device(cfg.trainer.device), trainable=False)  # the run's device setting
     tokenizer = load_tokenizer(path, cfg)
     served = ServedModel(cfg.serve.model_id or cfg.model.name_or_path, tokenizer, model.config.max_position_embeddings)

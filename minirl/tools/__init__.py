@@ -3,7 +3,7 @@ sandboxed `code_interpreter`, and `@tool` registers a plain function as one more
 
 from minirl.tools import code_interpreter, minimind
 from minirl.tools.base import TOOLS, Tool, ToolError, ToolExecutor, ToolResult, build_tools, validate_arguments
-from minirl.tools.function_tool import import_tool_modules, tool
+from minirl.tools.function_tool import tool
 from minirl.tools.minimind import MINIMIND_TOOL_NAMES
 
 __all__ = [
@@ -15,7 +15,6 @@ __all__ = [
     "ToolResult",
     "build_tools",
     "code_interpreter",
-    "import_tool_modules",
     "minimind",
     "tool",
     "validate_arguments",

@@ -22,11 +22,24 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from minirl.protocol.parsing import ToolCall
-from minirl.registry import ConfigError, Registry
+from minirl.errors import ConfigError
+from minirl.registry import Registry
 
 if TYPE_CHECKING:
     from minirl.config import ToolsConfig
+
+
+@dataclass
+class ToolCall:
+    """One call the model asked for. `arguments` is always a dict once parsed."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+    def to_message_dict(self) -> dict[str, Any]:
+        """OpenAI-style entry for an assistant message's `tool_calls` list."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
 class ToolError(ValueError):

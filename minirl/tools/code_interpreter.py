@@ -35,7 +35,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from minirl.registry import ConfigError
+from minirl.errors import ConfigError
 from minirl.tools.base import TOOLS, Tool, ToolError, ToolTimeout
 from minirl.tools.sandbox import SandboxRun, namespace_prefix, run_python
 

@@ -12,21 +12,19 @@ docstring, or is given as `@tool(parameters=...)`. The function is called with t
 arguments as keywords; a dict result is the tool result, any other value becomes
 `{"result": value}`, and whatever it raises becomes an error observation, as for any tool.
 
-The config key `tools.imports` names the modules that hold such functions; `import_tool_modules`
-imports them at start-up, before tool names are resolved.
+The config key `imports` names the modules that hold such functions; minirl/validate.py imports them
+at start-up, before tool names are resolved.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Literal, Union
 
-from minirl.registry import ConfigError
 from minirl.tools.base import TOOLS, Tool
 
 _SCALARS: dict[type, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
@@ -169,16 +167,3 @@ def tool(
         return fn
 
     return register if function is None else register(function)
-
-
-def import_tool_modules(modules: Iterable[str]) -> None:
-    """Import the modules named by `tools.imports`, so their `@tool` functions register.
-    Python imports each module once; a failure raises ConfigError naming the module."""
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except Exception as err:
-            hint = ""
-            if isinstance(err, ModuleNotFoundError) and err.name and f"{module}.".startswith(f"{err.name}."):
-                hint = "; run from the folder that holds it or add that folder to PYTHONPATH"
-            raise ConfigError(f"tools.imports: cannot import '{module}': {type(err).__name__}: {err}{hint}") from err

@@ -10,17 +10,11 @@ from __future__ import annotations
 import math
 import zlib
 
+from minirl.config import MINIMIND_TOOL_NAMES
 from minirl.tools.base import TOOLS, Tool, ToolError
 from minirl.tools.safe_math import evaluate, format_number
 
-MINIMIND_TOOL_NAMES = (
-    "calculate_math",
-    "unit_converter",
-    "get_current_weather",
-    "get_current_time",
-    "get_exchange_rate",
-    "translate_text",
-)
+__all__ = ["MINIMIND_TOOL_NAMES"]  # the names this module registers (defined with the config default)
 
 # unit -> (dimension, scale, offset): value_in_base = value * scale + offset
 # (base units: metre, kilogram, kelvin)

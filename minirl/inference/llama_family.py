@@ -5,7 +5,7 @@ token: it builds a 4-D attention mask, concatenates each layer's cached keys and
 makes a dozen module calls per layer. `LlamaFamilyDecoder` keeps each layer's keys and values in a
 [B, kv_heads, capacity, head_dim] buffer written in place, with one boolean mask over its columns, and runs
 the model's own submodules (norms, projections, MLP, rotary embedding) and the same attention kernel, so its
-logits are the model's. `minirl.decoding.CachedBatch` uses it for every model `supports` accepts.
+logits are the model's. `minirl.inference.decoding.CachedBatch` uses it for every model `supports` accepts.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class LlamaFamilyDecoder:
 
     `keys[l]` / `values[l]`: [B, kv_heads, capacity, head_dim]; the first `width` columns are in use.
     `attention`: [B, capacity] bool, True on the columns a row attends to (its prompt's tokens, not the
-    padding `minirl.decoding.prefill` put around them, then every decoded token).
+    padding `minirl.inference.decoding.prefill` put around them, then every decoded token).
     """
 
     def __init__(self, model, cache: DynamicCache, attention: torch.Tensor, room: int = 64) -> None:

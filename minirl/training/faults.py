@@ -12,9 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
-
-class TrainingError(RuntimeError):
-    """The run cannot go on; the message says why and what to change."""
+from minirl.errors import TrainingError
 
 
 def is_out_of_memory(err: BaseException) -> bool:

@@ -1,4 +1,5 @@
-"""Build, warm-start and cache the embedded tiny model.
+"""Build, warm-start and cache the embedded tiny model: the step every entry point (train, sft, eval,
+serve) runs before it loads `model.name_or_path=tiny` (`model_path`), with a progress bar per stage.
 
 The cache directory's name is a hash of everything the result depends on (the tiny-model and
 SFT configs, the warm-start corpus among them, the data split, and the source of the code that
@@ -21,17 +22,23 @@ from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
+import torch
 from rich.progress import Progress, TextColumn
 
 from minirl.config import Config, DType
 from minirl.data import WARM_START_CORPORA
+from minirl.data.task import task_from_row
+from minirl.models.loading import load_model, load_tokenizer
+from minirl.models.tiny import build_model, build_tokenizer, pretrain_copying, render_texts
+from minirl.runtime import resolve_device
+from minirl.training.sft import sft_examples, train_sft
 
 BUILD_RECORD = "minirl_build.json"
 # files whose source decides what the built model is, besides those of the warm-start corpus
 _SOURCES = [
     ("minirl.models", "tiny.py"),
     ("minirl.models", "chat_template.jinja"),
-    ("minirl", "sft.py"),
+    ("minirl.training", "sft.py"),
     ("minirl.protocol", "chat.py"),  # where SFT finds the assistant tokens it trains on
 ]
 
@@ -78,9 +85,6 @@ def _run_with_progress(console, label: str, train) -> float:
 
 
 def _build_base(cfg: Config, target: Path, console) -> None:
-    from minirl.data.task import task_from_row
-    from minirl.models.tiny import build_model, build_tokenizer, pretrain_copying, render_texts
-
     tiny = cfg.model.tiny
     corpus = WARM_START_CORPORA.get(cfg.sft.corpus)
     rows = corpus.sft_rows(tiny.tokenizer_corpus_rows, tiny.seed + 1000, set())
@@ -96,9 +100,6 @@ def _build_base(cfg: Config, target: Path, console) -> None:
 
 
 def _warm_start(cfg: Config, base: Path, target: Path, console) -> None:
-    from minirl.models.loading import load_model, load_tokenizer, resolve_device
-    from minirl.sft import sft_examples, train_sft
-
     device = resolve_device(cfg.trainer.device, cfg.trainer.deterministic)
     # one recipe whatever model.dtype the policy runs in later (the cache key leaves the dtype out): float32
     fp32 = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=DType.float32))
@@ -129,8 +130,6 @@ def _warm_start(cfg: Config, base: Path, target: Path, console) -> None:
 def _deterministic_algorithms(enabled: bool):
     """torch.use_deterministic_algorithms(enabled) inside, the caller's setting after: a build's float sums
     then run in a fixed order whichever command (train, sft, eval, serve) builds the cached model."""
-    import torch
-
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(enabled, warn_only=True)
     try:
@@ -151,3 +150,11 @@ def ensure_tiny(cfg: Config, console, warm: bool) -> Path:
         if warm and not (sft / "config.json").exists():
             _warm_start(cfg, base, sft, console)
     return sft if warm else base
+
+
+def model_path(cfg: Config, console, warm_start: bool = True) -> str:
+    """What `model.name_or_path` loads from: itself, or for `tiny` the cached build (made here when missing;
+    warm-started unless model.warm_start or `warm_start` is false)."""
+    if cfg.model.name_or_path != "tiny":
+        return cfg.model.name_or_path
+    return str(ensure_tiny(cfg, console, warm=cfg.model.warm_start and warm_start))

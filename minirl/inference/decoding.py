@@ -5,7 +5,7 @@ engine and of the server's decoder. The distinct prompts are encoded in one pref
 what a `PrefixStore` holds for them; every later step feeds each live row its last token, with an explicit
 attention mask and position ids so padding never shifts a row's positions. Rows that finish leave the
 batch, and the cache is compacted once a quarter of its rows have left, so the remaining steps cost about
-the live rows. A step runs on `minirl.llama_family.LlamaFamilyDecoder` (a preallocated cache, the model's
+the live rows. A step runs on `minirl.inference.llama_family.LlamaFamilyDecoder` (a preallocated cache, the model's
 submodules called directly) for Llama-family models and on the model's own forward
 (`TransformersDecoder`) for the others.
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from minirl.llama_family import LlamaFamilyDecoder, supports
+from minirl.inference.llama_family import LlamaFamilyDecoder, supports
 
 
 def cache_argument(model) -> str:
@@ -131,7 +131,7 @@ def _fill(cache: DynamicCache, reused: list[StoredPrefix | None], width: int, de
 
 class TransformersDecoder:
     """The KV cache of a batch of rows after their prefill, and one decoding step on it through the model's
-    own forward: the path for every model `minirl.llama_family.supports` does not accept.
+    own forward: the path for every model `minirl.inference.llama_family.supports` does not accept.
 
     `attention`: [B, P + steps] 0/1, the columns of the cache each row attends to."""
 

@@ -1,0 +1,48 @@
+"""Where and how a process computes: seeding every RNG, picking the device and its attention kernels."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+from minirl.errors import ConfigError
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed every RNG; `deterministic` also picks kernels whose float sums run in a fixed order, so that a
+    seed gives the same run each time (on CPU, accumulating index writes otherwise add in thread order)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for fixed-order sums
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+
+
+def resolve_device(name: str, deterministic: bool = False) -> torch.device:
+    """`name` (auto: CUDA when there is one) as a torch device; on CUDA, picks the attention kernels.
+    `deterministic`: backward passes must add up in a fixed order (training under trainer.deterministic)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
+    if device.type in available and not available[device.type]():
+        raise ConfigError(
+            f"trainer.device={name}: no {device.type} device here (torch {torch.__version__}); use auto or cpu"
+        )
+    if device.type == "cuda":
+        choose_cuda_attention(deterministic)
+    return device
+
+
+def choose_cuda_attention(deterministic: bool) -> None:
+    """cuDNN's fused attention builds a graph for each new sequence length (hundreds of ms each), and
+    rollouts and updates bring new lengths every step, so it is off. The other fused kernels' backward
+    passes add up in whatever order their blocks finish: a deterministic run attends with the math kernel.
+    (CUDA only: the CPU kernels read the same switches.)"""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.backends.cuda.enable_flash_sdp(not deterministic)
+    torch.backends.cuda.enable_mem_efficient_sdp(not deterministic)

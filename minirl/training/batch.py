@@ -1,0 +1,124 @@
+"""Trajectories as tensors, and the log-probs a model gives them: the layout every part of an update reads.
+
+A batch is right-padded prompt + response rows; its target columns start at the shortest prompt's last
+token, so column t scores input_ids[:, start + t + 1]. Micro-batches keep a prompt's rows together so
+that each prompt is encoded once; mini-batches are the optimizer steps of a PPO epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from minirl.inference.decoding import prompt_shared_logits
+from minirl.inference.sampling import warped
+from minirl.rollout.trajectory import Trajectory
+
+
+@dataclass
+class PolicyBatch:
+    """Trajectories as tensors in target space: column t scores input_ids[:, start + t + 1]. Every log-prob
+    is of the distribution the sampler drew from: logits / temperature, then top-k and top-p, renormalised."""
+
+    input_ids: torch.Tensor  # [N, L] prompt + response, right-padded
+    attention_mask: torch.Tensor  # [N, L]
+    start: int  # first position whose next token can be an action (shortest prompt - 1)
+    # [N, L - 1 - start] log pi_old of the target tokens: the sampler's (collate), or the trainer's own
+    # recomputation under algo.old_logprobs=recompute (Trainer.prepare_batch)
+    old_logp: torch.Tensor
+    mask: torch.Tensor  # [N, L - 1 - start] 1.0 at action tokens: sampled by the policy, or a replayed reference's
+    advantages: torch.Tensor  # [N]
+    prompt_lengths: torch.Tensor  # [N] tokens of each row's prompt (a group's rows share theirs)
+    ref_logp: torch.Tensor | None = None  # [N, L - 1 - start] frozen reference's log-probs; None without one
+    is_weights: torch.Tensor | None = None  # [N, L - 1 - start] rollout IS weights (algo.rollout_is=token); None = 1
+
+    def _map(self, fn) -> PolicyBatch:
+        tensors = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "start"}
+        return replace(self, **{name: fn(t) for name, t in tensors.items() if t is not None})
+
+    def rows(self, index: slice | torch.Tensor) -> PolicyBatch:
+        return self._map(lambda t: t[index])
+
+    def to(self, device: torch.device) -> PolicyBatch:
+        return self._map(lambda t: t.to(device))
+
+    def narrowed(self) -> tuple[PolicyBatch, int]:
+        """(the same rows over only the columns they use, its first target column in this batch's columns).
+        Inputs end at the longest row; targets start at the first column where a row has an action. A
+        model's log-probs on it equal its log-probs on this batch at those columns: the rows are
+        right-padded and attention is causal, so cut columns change nothing before them."""
+        width = int(self.attention_mask.sum(dim=1).max())
+        actions = (self.mask > 0).any(dim=0).nonzero()
+        first = int(actions[0]) if len(actions) else 0  # an action's column always lies before `width`
+        targets = slice(first, width - 1 - self.start)
+        per_target = {name: getattr(self, name) for name in ("old_logp", "mask", "ref_logp", "is_weights")}
+        narrow = {name: t[:, targets] for name, t in per_target.items() if t is not None}
+        inputs = {"input_ids": self.input_ids[:, :width], "attention_mask": self.attention_mask[:, :width]}
+        return replace(self, **inputs, **narrow, start=self.start + first), first
+
+
+def collate(trajs: list[Trajectory], advantages: torch.Tensor, pad_id: int) -> PolicyBatch:
+    width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
+    start = min(len(t.prompt_ids) for t in trajs) - 1
+    n = len(trajs)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    old_logp = torch.zeros((n, width - 1 - start))
+    mask = torch.zeros((n, width - 1 - start))
+    for row, t in enumerate(trajs):
+        ids = t.prompt_ids + t.response_ids
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention[row, : len(ids)] = 1
+        first = len(t.prompt_ids) - 1 - start  # column predicting the first response token
+        old_logp[row, first : first + len(t.response_ids)] = torch.tensor(t.sampler_logprobs)
+        mask[row, first : first + len(t.response_ids)] = torch.tensor(t.action_mask, dtype=torch.float)
+    prompt_lengths = torch.tensor([len(t.prompt_ids) for t in trajs])
+    return PolicyBatch(input_ids, attention, start, old_logp, mask, advantages, prompt_lengths)
+
+
+def sampling_logprobs(
+    model, batch: PolicyBatch, temperature: float, top_p: float = 1.0, top_k: int = 0
+) -> torch.Tensor:
+    """[N, L - 1 - start, V] log-probs of the distribution each target token was sampled from: the policy's
+    logits divided by the temperature, filtered by top-k then top-p, renormalised; what the HF and vLLM engines
+    report as sampler log-probs. The target token always stays in (`warped`'s `kept`)."""
+    keep = batch.input_ids.shape[1] - batch.start  # logits only where an action can be predicted
+    # each prompt once; its last token stays in every row, its logit predicts the first action
+    logits = prompt_shared_logits(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths - 1, keep)
+    targets = batch.input_ids[:, batch.start + 1 :]  # [N, L - 1 - start]
+    return warped(logits[:, :-1].float(), temperature, top_p, top_k, kept=targets).log_softmax(dim=-1)
+
+
+def target_logprobs(dist: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
+    """[N, L - 1 - start] the entries of dist [N, L - 1 - start, V] at the target tokens."""
+    return dist.gather(-1, batch.input_ids[:, batch.start + 1 :].unsqueeze(-1)).squeeze(-1)
+
+
+def token_logprobs(model, batch: PolicyBatch, temperature: float, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
+    """[N, L - 1 - start] log-probs of the target tokens under the sampling distribution (sampling_logprobs)."""
+    return target_logprobs(sampling_logprobs(model, batch, temperature, top_p, top_k), batch)
+
+
+def micro_batches(batch: PolicyBatch, rows: torch.Tensor, size: int) -> list[tuple[torch.Tensor, PolicyBatch, int]]:
+    """batch[rows] in micro-batches of `size` rows, each narrowed (PolicyBatch.narrowed): (its row indices, the
+    micro-batch, its first target column in the batch). The rows of one prompt stay together, so a micro-batch
+    encodes each of its prompts once (prompt_shared_logits); prompts go shortest first, and a prompt's rows
+    shortest first, so little compute goes to padding."""
+    lengths = batch.attention_mask.sum(dim=1).tolist()  # [N]
+    prompt_lengths = batch.prompt_lengths.tolist()
+    prompts = {row: tuple(batch.input_ids[row, : prompt_lengths[row]].tolist()) for row in rows.tolist()}
+    ordered = sorted(prompts, key=lambda row: (len(prompts[row]), prompts[row], lengths[row]))
+    return [(micro_rows, *batch.rows(micro_rows).narrowed()) for micro_rows in torch.tensor(ordered).split(size)]
+
+
+def mini_batch_plan(n: int, epochs: int, mini_batches: int, generator: torch.Generator) -> list[list[torch.Tensor]]:
+    """Row indices of each mini-batch of each epoch: per epoch a fresh permutation of the n rows cut into
+    min(mini_batches, n) near-equal parts. A single mini-batch keeps the rollout order: its gradient is a
+    sum over all rows, so shuffling would change nothing but the rounding."""
+    count = min(mini_batches, n)
+    plan = []
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=generator) if count > 1 else torch.arange(n)
+        plan.append(list(torch.tensor_split(order, count)))
+    return plan
