@@ -19,7 +19,7 @@ from minirl.errors import ConfigError, DataError
 # errors in what the user gave (config values, dataset files): one line and exit status 2, no traceback
 USER_ERRORS = {ConfigError: "config error", DataError: "data error"}
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"  # package data: installed with the code, found from any directory
 
 
 def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:

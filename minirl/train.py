@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from minirl.entry import launch, run_entry
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="config")
+@hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(dict_cfg: DictConfig) -> None:
     run_entry(dict_cfg, _train)
 

@@ -7,6 +7,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from minirl.errors import ConfigError
 from minirl.validate import validate
 
 register_configs()
+ROOT = Path(__file__).resolve().parent.parent  # the repository
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
 
 
@@ -85,13 +87,13 @@ def test_every_algorithm_is_documented():
     from minirl.algos.kl import KL_ESTIMATORS
     from minirl.algos.losses import AGGREGATIONS, LOSSES
 
-    docs = (CONF_DIR.parent / "docs" / "algorithms.md").read_text()
+    docs = (ROOT / "docs" / "algorithms.md").read_text()
     config_yaml = (CONF_DIR / "config.yaml").read_text()
     for registry in (LOSSES, ADV_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS):
         for name in registry.names():
             assert f"`{name}`" in docs, f"{registry.kind} {name} is not in docs/algorithms.md"
     for name in [*LOSSES.names(), *ADV_ESTIMATORS.names()]:
-        assert name in config_yaml, f"{name} is missing from the option comments in conf/config.yaml"
+        assert name in config_yaml, f"{name} is missing from the option comments in minirl/conf/config.yaml"
 
 
 def test_loss_presets_set_what_their_paper_needs():
