@@ -20,7 +20,9 @@ import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from rich.console import Console
 
+from minirl.bootstrap import model_path
 from minirl.config import register_configs, to_config
 from minirl.data.synthetic_tools import GENERATOR
 from minirl.entry import CONF_DIR
@@ -91,7 +93,7 @@ def main() -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = to_config(compose("config", overrides=overrides))
     cfg.output_dir = str(out / "run")
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, model_path(cfg, Console()))
     trainer.executor.tools["get_current_time"] = RaisingTime()
     trainer.executor.tools["unit_converter"] = HangingConverter()
     started = time.perf_counter()

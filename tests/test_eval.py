@@ -23,9 +23,10 @@ from minirl.config import CallPolicy, Config, register_configs, to_config
 from minirl.data.jsonl import write_jsonl
 from minirl.entry import CONF_DIR
 from minirl.errors import ConfigError
-from minirl.evaluation.compare import paired_rows, sign_test_p
+from minirl.evaluation.compare import paired_rows
 from minirl.evaluation.evaluator import evaluate
 from minirl.evaluation.report import EvalReport, ReportError
+from minirl.metrics import sign_test_p
 from minirl.protocol.parsing import TurnKind, parse_message
 
 register_configs()

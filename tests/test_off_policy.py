@@ -25,7 +25,7 @@ from minirl.data.task import Task
 from minirl.entry import CONF_DIR
 from minirl.errors import ConfigError
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
-from minirl.trainer import PolicyBatch, mini_batch_plan, sampling_logprobs, target_logprobs
+from minirl.training.batch import PolicyBatch, mini_batch_plan, sampling_logprobs, target_logprobs
 
 register_configs()
 

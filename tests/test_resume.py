@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SHAPED_REWARD, debug_config
+from rich.console import Console
 
+from minirl.bootstrap import model_path
 from minirl.errors import TrainingError
 from minirl.inspection import TRAJECTORIES_FILE, read_trajectories
 from minirl.trainer import Trainer, train
@@ -114,7 +116,7 @@ def test_resume_auto_without_a_checkpoint_starts_from_step_zero(cache_dir, tmp_p
 
 def test_a_nan_step_skips_its_update_and_is_counted(cache_dir, tmp_path):
     cfg = debug_config(cache_dir, tmp_path, "trainer.steps=3", "trainer.nan_loss_steps=[2]", SHAPED_REWARD)
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, model_path(cfg, Console(quiet=True)))
     before = {}
 
     def weights() -> dict[str, torch.Tensor]:
@@ -125,12 +127,12 @@ def test_a_nan_step_skips_its_update_and_is_counted(cache_dir, tmp_path):
         trainer.step = step
         before = weights()
         metrics, _ = trainer.train_step()
-        trainer.check_skipped_updates(metrics)
+        trainer.bad_steps.count(step, int(metrics["faults/skipped_updates"]), trainer.console)
         rows.append(metrics)
         changed = any(not torch.equal(before[k], v) for k, v in weights().items())
         assert changed == (step != 2), step
     assert [r["faults/skipped_updates"] for r in rows] == [0.0, 1.0, 0.0]
-    assert trainer.bad_steps == 0
+    assert trainer.bad_steps.in_a_row == 0
 
 
 def test_non_finite_steps_in_a_row_stop_the_run_with_a_clear_message(cache_dir, tmp_path):

@@ -16,15 +16,35 @@ from conftest import SHAPED_REWARD, debug_config
 from rich.console import Console
 from transformers import AutoModelForCausalLM
 
+from minirl.bootstrap import model_path
 from minirl.config import register_configs
 from minirl.data.task import Task
-from minirl.evaluation.compare import sign_test_p
 from minirl.inference.decoding import prompt_shared_logits
-from minirl.metrics import group_metrics
+from minirl.metrics import group_metrics, sign_test_p
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
-from minirl.trainer import Trainer, collate, micro_batches, token_logprobs, train
+from minirl.trainer import Trainer, train
+from minirl.training.batch import collate, micro_batches, token_logprobs
+from minirl.training.shaping import kl_shaped, punish_overlong, replayed
+from minirl.training.update import prepare_batch
 
 register_configs()
+
+
+def trainer_for(cfg, console=None) -> Trainer:
+    """A trainer on the config's model (the tiny one built into the test cache)."""
+    return Trainer(cfg, model_path(cfg, Console(quiet=True)), console)
+
+
+def learn(trainer: Trainer, trajs: list[Trajectory]) -> dict[str, float]:
+    """The update half of train_step on these trajectories: advantage, loss and optimizer steps."""
+    batch, shaping = trainer.advantages(trajs)
+    return {**shaping, **trainer.update(batch, trajs)}
+
+
+def replayed_in_slot(trainer: Trainer, task, group_index: int):
+    """The task's reference answer replayed in group slot `group_index` (training/shaping.py)."""
+    slot = Trajectory(task, group_index, [], response_ids=[], action_mask=[], sampler_logprobs=[])
+    return replayed(slot, trainer.tokenizer, trainer.executor, trainer.limits, trainer.cfg)
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +91,11 @@ def test_train_runs_end_to_end_and_logs_every_metric(cache_dir, tmp_path):
 
 
 def test_beta_zero_loads_no_reference_model(cache_dir, tmp_path):
-    trainer = Trainer(debug_config(cache_dir, tmp_path, "loss.beta=0"), console=None)
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, "loss.beta=0"))
     assert trainer.reference is None
-    assert Trainer(debug_config(cache_dir, tmp_path), console=None).reference is not None
+    assert trainer_for(debug_config(cache_dir, tmp_path)).reference is not None
     # KL in the reward needs the reference even with no KL term in the loss
-    in_reward = Trainer(debug_config(cache_dir, tmp_path, "loss.beta=0", "algo.kl_in_reward=true"), console=None)
+    in_reward = trainer_for(debug_config(cache_dir, tmp_path, "loss.beta=0", "algo.kl_in_reward=true"))
     assert in_reward.reference is not None
 
 
@@ -110,14 +130,14 @@ def test_retool_recipe_runs_end_to_end_with_the_sandbox(cache_dir, tmp_path):
 
 def record_loss_calls(trainer: Trainer) -> list[dict[str, torch.Tensor]]:
     """Wrap the trainer's loss so every call's inputs are kept (detached copies; keyword inputs left None are not)."""
-    calls, loss_fn = [], trainer.loss_fn
+    calls, loss_fn = [], trainer.learner.loss_fn
 
     def recording(logp, old_logp, ref_logp, advantages, mask, cfg, **kwargs):
         seen = {"logp": logp, "old_logp": old_logp, "mask": mask, **{k: v for k, v in kwargs.items() if v is not None}}
         calls.append({k: v.detach().clone() for k, v in seen.items()})
         return loss_fn(logp, old_logp, ref_logp, advantages, mask, cfg, **kwargs)
 
-    trainer.loss_fn = recording
+    trainer.learner.loss_fn = recording
     return calls
 
 
@@ -129,12 +149,13 @@ def shift_sampler_logprobs(trajs: list[Trajectory], shifts: list[float]) -> None
 
 def test_mini_batches_take_one_optimizer_step_each_and_recompute_starts_at_ratio_one(cache_dir, tmp_path):
     overrides = ["trainer.ppo_epochs=2", "trainer.mini_batches=2", "trainer.micro_batch_size=1", SHAPED_REWARD]
-    trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides, "algo.old_logprobs=recompute"), console=None)
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, *overrides, "algo.old_logprobs=recompute"))
     calls = record_loss_calls(trainer)
     _, trajs = trainer.sample_groups()
     assert len(trajs) == 4
-    trainer.learn(trajs)
-    assert {int(state["step"]) for state in trainer.optimizer.state.values()} == {4}  # 2 epochs x 2 mini-batches
+    learn(trainer, trajs)
+    steps = {int(state["step"]) for state in trainer.learner.optimizer.state.values()}
+    assert steps == {4}  # 2 epochs x 2 mini-batches
     assert len(calls) == 8  # one trajectory per micro-batch, every trajectory once per epoch
     for call in calls[:2]:  # the first mini-batch runs on the weights the trainer's old log-probs came from
         assert torch.equal(call["logp"], call["old_logp"])
@@ -143,39 +164,41 @@ def test_mini_batches_take_one_optimizer_step_each_and_recompute_starts_at_ratio
 
 def test_trainer_micro_batches_give_the_mini_batch_gradient(cache_dir, tmp_path):
     cfg = debug_config(cache_dir, tmp_path, "loss.beta=0", "loss.agg=token-mean", "trainer.max_grad_norm=1e9")
-    trainer = Trainer(cfg, console=None)
+    trainer = trainer_for(cfg)
     _, trajs = trainer.sample_groups()
     batch = collate(trajs, torch.tensor([1.0, -1.0, 0.5, -0.5]), trainer.tokenizer.pad_token_id)
     batch.is_weights = 0.5 + torch.rand(batch.mask.shape)
     rows = torch.tensor([3, 0, 2])  # one mini-batch of three trajectories
     trainer.policy.train()
     mini = batch.rows(rows)  # as one big batch
-    logp = token_logprobs(trainer.policy, mini, *trainer.distribution)
-    out = trainer.loss_fn(logp, mini.old_logp, None, mini.advantages, mini.mask, cfg.loss, is_weights=mini.is_weights)
+    logp = token_logprobs(trainer.policy, mini, *trainer.learner.distribution)
+    out = trainer.learner.loss_fn(
+        logp, mini.old_logp, None, mini.advantages, mini.mask, cfg.loss, is_weights=mini.is_weights
+    )
     out.loss.backward()
     whole = [p.grad.clone() for p in trainer.policy.parameters()]
-    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.learner.optimizer.zero_grad(set_to_none=True)
 
     accumulated = []
-    trainer.optimizer.register_step_pre_hook(
+    trainer.learner.optimizer.register_step_pre_hook(
         lambda *_: accumulated.append([p.grad.clone() for p in trainer.policy.parameters()])
     )
-    trainer.optimizer_step(batch, rows)  # micro-batches of 2 (debug config): [3, 0], [2]
+    trainer.learner.step(batch, rows, poisoned=False)  # micro-batches of 2 (debug config): [3, 0], [2]
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(accumulated[0], whole))
     assert any(a.abs().max() > 1e-4 for a in whole)
 
 
 def test_narrowed_micro_batches_score_every_action_token_as_the_whole_batch_does(cache_dir, tmp_path):
-    trainer = Trainer(debug_config(cache_dir, tmp_path, "loss.beta=0", "rollout.group_size=4"), console=None)
-    trajs = trainer.rollout(trainer.train_tasks[:3], 4, 1.0)  # 12 trajectories of three prompts
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, "loss.beta=0", "rollout.group_size=4"))
+    trajs = trainer.rollout(trainer.tasks.tasks[:3], 4, 1.0)  # 12 trajectories of three prompts
     batch = collate(trajs, torch.zeros(len(trajs)), trainer.tokenizer.pad_token_id)
-    whole = token_logprobs(trainer.policy, batch, *trainer.distribution).detach()  # [12, T]
+    whole = token_logprobs(trainer.policy, batch, *trainer.learner.distribution).detach()  # [12, T]
     micros = micro_batches(batch, torch.arange(len(trajs)), 4)
     assert sorted(int(r) for rows, _, _ in micros for r in rows) == list(range(12))
     assert all(len({trajs[int(r)].group_index for r in rows}) == 1 for rows, _, _ in micros)  # a prompt's rows together
     assert sum(micro.input_ids.numel() for _, micro, _ in micros) < batch.input_ids.numel()  # padding cut
     for rows, micro, first in micros:
-        logp = token_logprobs(trainer.policy, micro, *trainer.distribution).detach()
+        logp = token_logprobs(trainer.policy, micro, *trainer.learner.distribution).detach()
         kept = slice(first, first + logp.shape[1])
         assert torch.equal(micro.mask, batch.mask[rows, kept]) and micro.mask.sum() == batch.mask[rows].sum()
         assert torch.allclose(logp[micro.mask > 0], whole[rows, kept][micro.mask > 0], atol=1e-5)
@@ -184,8 +207,8 @@ def test_narrowed_micro_batches_score_every_action_token_as_the_whole_batch_does
 def test_prompt_shared_forward_gives_the_plain_forwards_logits_and_gradients(cache_dir, tmp_path):
     """Three prompts of different lengths, four rows each: every prompt is encoded once, and every logit a
     caller reads (from the last prompt token on) and every gradient equal the plain forward's."""
-    trainer = Trainer(debug_config(cache_dir, tmp_path, "loss.beta=0", "rollout.group_size=4"), console=None)
-    trajs = trainer.rollout(trainer.train_tasks[:3], 4, 1.0)  # 12 trajectories of three prompts
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, "loss.beta=0", "rollout.group_size=4"))
+    trajs = trainer.rollout(trainer.tasks.tasks[:3], 4, 1.0)  # 12 trajectories of three prompts
     batch = collate(trajs, torch.zeros(len(trajs)), trainer.tokenizer.pad_token_id)
     assert len(set(batch.prompt_lengths.tolist())) > 1
     keep = batch.input_ids.shape[1] - batch.start
@@ -213,7 +236,7 @@ def test_shared_prompt_gradients_are_the_same_on_every_pass(cache_dir, tmp_path)
     order. CPU threads otherwise add the rows' parts of it in whatever order they run, and the sums differ."""
     if torch.get_num_threads() < 2:
         pytest.skip("a single CPU thread adds in a fixed order anyway")
-    trainer = Trainer(debug_config(cache_dir, tmp_path, "loss.beta=0"), console=None)
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, "loss.beta=0"))
     rows, prompt, suffix = 32, 100, 20  # enough keys and values for the CPU kernels to split across threads
     g, vocab = torch.Generator().manual_seed(0), trainer.policy.config.vocab_size
     shared = torch.randint(vocab, (prompt,), generator=g).expand(rows, -1)
@@ -235,7 +258,7 @@ def plain_logits(model, input_ids, attention_mask, keep):
 
 
 def test_entropy_is_the_policys_mean_over_action_tokens(cache_dir, tmp_path):
-    trainer = Trainer(debug_config(cache_dir, tmp_path, "loss.beta=0", "rollout.temperature=0.8"), console=None)
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, "loss.beta=0", "rollout.temperature=0.8"))
     _, trajs = trainer.sample_groups()
     batch = collate(trajs, torch.zeros(len(trajs)), trainer.tokenizer.pad_token_id)
     trainer.policy.train()
@@ -244,18 +267,19 @@ def test_entropy_is_the_policys_mean_over_action_tokens(cache_dir, tmp_path):
         probs = torch.softmax(logits[:, batch.start : -1] / 0.8, dim=-1)  # [N, T, V]
     entropy = -torch.special.xlogy(probs, probs).sum(dim=-1)  # [N, T]
     expected = ((entropy * batch.mask).sum() / batch.mask.sum()).item()
-    assert trainer.optimizer_step(batch, torch.arange(len(trajs)))["entropy"] == pytest.approx(expected, rel=1e-4)
+    step = trainer.learner.step(batch, torch.arange(len(trajs)), poisoned=False)
+    assert step["entropy"] == pytest.approx(expected, rel=1e-4)
 
 
 def test_token_rollout_is_weights_reach_the_loss_capped(cache_dir, tmp_path):
     overrides = ["loss.beta=0", "trainer.micro_batch_size=4", "algo.old_logprobs=recompute", "algo.rollout_is=token"]
     overrides.append("algo.guide=false")  # four sampled trajectories, no replayed reference among them
-    trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides, "algo.rollout_is_threshold=1.5"), console=None)
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, *overrides, "algo.rollout_is_threshold=1.5"))
     calls = record_loss_calls(trainer)
     _, trajs = trainer.sample_groups()
     shift_sampler_logprobs(trajs, [1.0, -0.2, 0.0, 0.0])  # ratios about e (capped at 1.5), e^-0.2, 1, 1
     sampler_logp = collate(trajs, torch.zeros(4), trainer.tokenizer.pad_token_id).old_logp
-    metrics = trainer.learn(trajs)
+    metrics = learn(trainer, trajs)
     [call] = calls  # one mini-batch, one micro-batch, in rollout order
     keep = call["mask"] > 0
     expected = torch.exp(call["old_logp"] - sampler_logp).clamp(max=1.5)  # min(pi_old / pi_sampler, C)
@@ -270,14 +294,14 @@ def test_token_rollout_is_weights_reach_the_loss_capped(cache_dir, tmp_path):
 def test_sequence_rollout_is_masks_exactly_the_out_of_range_trajectories(cache_dir, tmp_path):
     overrides = ["loss.beta=0", "trainer.micro_batch_size=4", "algo.old_logprobs=recompute", "algo.rollout_is=sequence"]
     overrides.append("algo.guide=false")  # four sampled trajectories, no replayed reference among them
-    trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides), console=None)  # threshold 2: keep [0.5, 2]
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, *overrides))  # threshold 2: keep [0.5, 2]
     calls = record_loss_calls(trainer)
     _, trajs = trainer.sample_groups()
     for traj, shift in zip(trajs, [0.8, -0.6, 0.6, -0.8]):  # sequence ratios about e^0.8, e^-0.6, e^0.6, e^-0.8
         first = traj.action_mask.index(1)
         traj.sampler_logprobs[first] -= shift
     action = collate(trajs, torch.zeros(4), trainer.tokenizer.pad_token_id).mask
-    metrics = trainer.learn(trajs)
+    metrics = learn(trainer, trajs)
     [call] = calls
     assert call["mask"].sum(dim=1).tolist() == [0.0, action[1].sum().item(), action[2].sum().item(), 0.0]
     assert "is_weights" not in call
@@ -293,12 +317,12 @@ def scripted_rewards(monkeypatch, rounds: list[list[float]]) -> None:
         for traj, reward in zip(trajs, queue.pop(0), strict=True):
             traj.reward = reward
 
-    monkeypatch.setattr("minirl.trainer.score_all", score_all)
+    monkeypatch.setattr("minirl.training.shaping.score_all", score_all)
 
 
 def test_dynamic_sampling_drops_tied_groups_counts_them_and_refills(cache_dir, tmp_path, monkeypatch):
     overrides = ("algo.dynamic_sampling=true", "algo.max_resample_rounds=2", "loss.beta=0", "algo.guide=false")
-    trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides), console=None)
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, *overrides))
     # two groups of two per round: (tied, differs), (tied, tied), (differs, tied)
     scripted_rewards(monkeypatch, [[1, 1, 0, 1], [0, 0, 2, 2], [0.5, 1, 3, 3]])
     sampled, kept = trainer.sample_groups()
@@ -320,7 +344,7 @@ GUIDED = ("algo.guide=true", "algo.dynamic_sampling=true", "rollout.max_new_toke
 
 def test_guidance_replaces_one_member_of_each_group_that_failed_and_starts_it_at_ratio_one(cache_dir, tmp_path):
     cfg = debug_config(cache_dir, tmp_path, *GUIDED, "loss.beta=0")
-    trainer = Trainer(cfg, console=None)
+    trainer = trainer_for(cfg)
     size = cfg.rollout.group_size
     sampled, kept = trainer.sample_groups()
     # the untrained debug model solves nothing: every group ties at 0, and a reference that states the gt earns 1
@@ -335,13 +359,13 @@ def test_guidance_replaces_one_member_of_each_group_that_failed_and_starts_it_at
         guide = members[-1]
         assert guide.off_policy and guide.reward == 1.0
         assert guide.task is group[0].task and guide.group_index == group[0].group_index
-    metrics = trainer.learn(kept)
+    metrics = learn(trainer, kept)
     # pi_old of a replayed answer is the policy itself, so its ratios start at 1 as the samples' do
     assert metrics["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-4) and metrics["adv/max"] > 0
 
 
 def test_guidance_leaves_a_group_whose_rewards_differ_as_it_was(cache_dir, tmp_path, monkeypatch):
-    trainer = Trainer(debug_config(cache_dir, tmp_path, *GUIDED, "loss.beta=0"), console=None)
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, *GUIDED, "loss.beta=0"))
     scripted_rewards(monkeypatch, [[0, 1, 0, 0], [1]])  # (differs, tied), then the reference of the tied group
     sampled, kept = trainer.sample_groups()
     assert [id(t) for t in kept[:3]] == [id(t) for t in sampled[:3]] and kept[3].off_policy
@@ -349,7 +373,7 @@ def test_guidance_leaves_a_group_whose_rewards_differ_as_it_was(cache_dir, tmp_p
 
 def reference_task(trainer: Trainer, **changes) -> Task:
     """A training task with a tool call in its reference, with `changes` applied to a copy."""
-    task = next(t for t in trainer.train_tasks if t.expected_tool_calls == 1)
+    task = next(t for t in trainer.tasks.tasks if t.expected_tool_calls == 1)
     return dataclasses.replace(task, **changes)
 
 
@@ -359,7 +383,7 @@ def test_the_console_says_how_many_groups_a_step_learned_from_and_how_many_were_
     cfg = debug_config(
         cache_dir, tmp_path, *GUIDED, f"algo.guide={guide}", "trainer.steps=1", "trainer.save_final=false"
     )
-    Trainer(cfg, console=console).fit()
+    trainer_for(cfg, console).fit()
     [line] = [line for line in console.export_text().splitlines() if line.startswith("step    1/1")]
     row = step_rows(tmp_path)[0]
     kept, guided = int(row["algo/groups_kept"]), int(row["algo/groups_guided"])
@@ -368,36 +392,36 @@ def test_the_console_says_how_many_groups_a_step_learned_from_and_how_many_were_
 
 
 def test_only_a_reference_that_replays_as_written_guides(cache_dir, tmp_path):
-    trainer = Trainer(debug_config(cache_dir, tmp_path, *GUIDED), console=None)
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, *GUIDED))
     task = reference_task(trainer)
-    guide = trainer.replayed(task, 3)
+    guide = replayed_in_slot(trainer, task, 3)
     assert guide.off_policy and guide.group_index == 3 and guide.reward == 1.0
     # a call the tool rejects: the reference's answer no longer follows from what the context shows
     call, *_ = task.reference[0]["tool_calls"]
     rejected = {**call, "function": {**call["function"], "arguments": {"no_such_argument": 1}}}
     broken = [{**task.reference[0], "tool_calls": [rejected]}, *task.reference[1:]]
-    assert trainer.replayed(reference_task(trainer, reference=broken), 3) is None
+    assert replayed_in_slot(trainer, reference_task(trainer, reference=broken), 3) is None
     # a reference that runs past a turn limit, one the template cannot split into turns, and none at all
     trainer.limits.max_new_tokens = 4
-    assert trainer.replayed(task, 3) is None
+    assert replayed_in_slot(trainer, task, 3) is None
     trainer.limits.max_new_tokens = 96
     leading_newline = [*task.reference[:-1], {**task.reference[-1], "content": "\n" + task.reference[-1]["content"]}]
-    assert trainer.replayed(reference_task(trainer, reference=leading_newline), 3) is None
-    assert trainer.replayed(reference_task(trainer, reference=[]), 3) is None
+    assert replayed_in_slot(trainer, reference_task(trainer, reference=leading_newline), 3) is None
+    assert replayed_in_slot(trainer, reference_task(trainer, reference=[]), 3) is None
 
 
 def test_a_replayed_reference_pays_no_kl_in_the_reward_and_no_sampler_correction(cache_dir, tmp_path):
     overrides = ("algo.kl_in_reward=true", "algo.kl_coef=1.0", "algo.old_logprobs=recompute", "algo.rollout_is=token")
-    trainer = Trainer(debug_config(cache_dir, tmp_path, *GUIDED, *overrides), console=None)
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, *GUIDED, *overrides))
     _, kept = trainer.sample_groups()
     replayed = [t.off_policy for t in kept]
     assert any(replayed) and not all(replayed)
     batch = collate(kept, torch.zeros(len(kept)), trainer.tokenizer.pad_token_id)
     batch.ref_logp = batch.old_logp - 1.0  # every sampled token 1 nat likelier than under the reference
-    rewards, _ = trainer.shaped_rewards(kept, batch)
+    rewards, _ = kl_shaped(kept, batch, trainer.cfg.algo)
     assert [r == t.reward for r, t in zip(rewards.tolist(), kept)] == replayed
     batch.old_logp += 0.5 * batch.mask  # a sampler/trainer gap on every row: the sampler's log-probs 0.5 higher
-    prepared, _ = trainer.prepare_batch(batch, kept, [torch.arange(len(kept))])
+    prepared, _ = prepare_batch(batch, kept, [torch.arange(len(kept))], trainer.learner, trainer.cfg.algo)
     for row, traj in enumerate(kept):
         weights = prepared.is_weights[row][prepared.mask[row] > 0]
         if traj.off_policy:  # no sampler drew it: there is no gap to weigh
@@ -409,7 +433,7 @@ def test_a_replayed_reference_pays_no_kl_in_the_reward_and_no_sampler_correction
 def test_a_round_larger_than_the_batch_keeps_the_first_groups_that_differ(cache_dir, tmp_path, monkeypatch):
     overrides = ("algo.dynamic_sampling=true", "algo.prompts_per_round=3", "algo.max_resample_rounds=1", "loss.beta=0")
     overrides += ("algo.guide=false",)
-    trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides), console=None)
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, *overrides))
     # one round of three groups of two: (differs, tied, differs); two groups kept, so no second round
     scripted_rewards(monkeypatch, [[0, 1, 1, 1, 1, 0]])
     sampled, kept = trainer.sample_groups()
@@ -420,34 +444,34 @@ def test_a_round_larger_than_the_batch_keeps_the_first_groups_that_differ(cache_
 
 def test_a_step_whose_groups_all_tie_makes_no_update(cache_dir, tmp_path, monkeypatch):
     cfg = debug_config(cache_dir, tmp_path, "algo.dynamic_sampling=true", "trainer.steps=1", "trainer.save_final=false")
-    monkeypatch.setattr("minirl.trainer.score_all", lambda trajs, cfg: None)  # every reward stays 0.0
-    trainer = Trainer(cfg, console=None)
+    monkeypatch.setattr("minirl.training.shaping.score_all", lambda trajs, cfg: None)  # every reward stays 0.0
+    trainer = trainer_for(cfg)
     trainer.fit()
     [row] = step_rows(tmp_path)
     assert row["algo/groups_kept"] == 0 and row["algo/groups_sampled"] == 2 and row["reward/zero_std_frac"] == 1.0
-    assert "loss/policy" not in row and not trainer.optimizer.state
+    assert "loss/policy" not in row and not trainer.learner.optimizer.state
 
 
 def test_overlong_mask_takes_truncated_trajectories_out_of_the_loss(cache_dir, tmp_path):
-    trainer = Trainer(debug_config(cache_dir, tmp_path, "algo.overlong=mask", "loss.beta=0"), console=None)
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, "algo.overlong=mask", "loss.beta=0"))
     _, trajs = trainer.sample_groups()
     reasons = [TrajectoryEnd.TURN_TOKENS, TrajectoryEnd.ANSWER, TrajectoryEnd.TOKEN_BUDGET, TrajectoryEnd.MAX_TURNS]
     for traj, reason in zip(trajs, reasons):
         traj.finish_reason = reason
     batch = collate(trajs, torch.zeros(4), trainer.tokenizer.pad_token_id)
-    prepared, metrics = trainer.prepare_batch(batch, trajs, [torch.arange(4)])
+    prepared, metrics = prepare_batch(batch, trajs, [torch.arange(4)], trainer.learner, trainer.cfg.algo)
     assert prepared.mask.sum(dim=1).tolist() == [0.0, batch.mask[1].sum().item(), 0.0, batch.mask[3].sum().item()]
     assert metrics == {} and batch.mask[0].sum() > 0
 
 
 def test_overlong_penalty_is_added_to_the_reward(cache_dir, tmp_path):
     overrides = ["algo.overlong=penalty", "algo.overlong_buffer=8", "algo.overlong_penalty=0.5", "loss.beta=0"]
-    trainer = Trainer(debug_config(cache_dir, tmp_path, *overrides), console=None)
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, *overrides))
     task = Task(id="t", messages=[{"role": "user", "content": "?"}], tools=[], gt=[])
     long_turn = Trajectory(task, 0, [1] * 10, response_ids=[5] * 20, action_mask=[1] * 20, sampler_logprobs=[0.0] * 20)
     short_turn = Trajectory(task, 0, [1] * 10, response_ids=[5] * 9, action_mask=[1] * 9, sampler_logprobs=[0.0] * 9)
     long_turn.reward = short_turn.reward = 1.0
-    trainer.punish_overlong([long_turn, short_turn])
+    punish_overlong([long_turn, short_turn], trainer.cfg.rollout, trainer.cfg.algo)
     # rollout.max_new_tokens is 24 (debug): 4 tokens were left, 4 of the 8-token buffer used: 0.5 * 4 / 8
     assert long_turn.reward == pytest.approx(0.75) and long_turn.reward_terms == {"overlong_penalty": -0.25}
     assert short_turn.reward == 1.0  # 15 tokens left, outside the buffer
@@ -458,7 +482,7 @@ def test_train_with_the_off_policy_options_logs_their_metrics(cache_dir, tmp_pat
         cache_dir, tmp_path, "trainer.ppo_epochs=2", "trainer.mini_batches=2", "algo.old_logprobs=recompute",
         "algo.rollout_is=sequence", "algo.overlong=penalty", "algo.overlong_buffer=8", "trainer.save_final=false",
     )  # fmt: skip
-    trainer = Trainer(cfg, console=None)
+    trainer = trainer_for(cfg)
     trainer.fit()
     vocab = trainer.policy.get_output_embeddings().weight.shape[0]
     rows = step_rows(tmp_path)

@@ -10,15 +10,14 @@ file exits 2 with one line.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from collections.abc import Sequence
 from statistics import fmean
 
 from rich.console import Console
 from rich.table import Table
 
 from minirl.evaluation.report import EvalReport, ReportError, Value, format_value
+from minirl.metrics import paired_split, sign_test_p
 
 Row = tuple[str, str, str, str]  # key, A, B, B - A
 
@@ -39,20 +38,6 @@ def comparison_rows(a: EvalReport, b: EvalReport) -> list[Row]:
         value_a, value_b = values_a.get(key), values_b.get(key)
         rows.append((key, format_value(value_a), format_value(value_b), _delta(value_a, value_b)))
     return rows
-
-
-def sign_test_p(wins: int, losses: int) -> float:
-    """Two-sided exact sign test: the probability, when each of the wins + losses discordant tasks is a fair
-    coin, of a split at least as uneven as this one (McNemar's exact test for one sample per task)."""
-    n = wins + losses
-    tail = sum(math.comb(n, k) for k in range(min(wins, losses) + 1)) / 2**n
-    return min(1.0, 2 * tail)
-
-
-def paired_split(before: Sequence[float], after: Sequence[float]) -> tuple[int, int]:
-    """Task by task (the same order in both): (tasks `after` scores higher on, tasks `before` scores higher on)."""
-    pairs = list(zip(before, after, strict=True))
-    return sum(b > a for a, b in pairs), sum(a > b for a, b in pairs)
 
 
 def _success_rates(report: EvalReport) -> dict[tuple[str, str], float]:

@@ -122,3 +122,23 @@ def mini_batch_plan(n: int, epochs: int, mini_batches: int, generator: torch.Gen
         order = torch.randperm(n, generator=generator) if count > 1 else torch.arange(n)
         plan.append(list(torch.tensor_split(order, count)))
     return plan
+
+
+@torch.no_grad()
+def batch_logprobs(
+    model,
+    batch: PolicyBatch,
+    mini_batches: list[torch.Tensor],
+    micro_batch_size: int,
+    device: torch.device,
+    distribution: tuple[float, float, int],
+) -> torch.Tensor:
+    """[N, L - 1 - start] `model`'s log-probs of the batch's targets under the sampling `distribution`
+    (temperature, top_p, top_k), computed over the micro-batches (micro_batches) of each mini-batch of row
+    indices; 0 in columns a row's micro-batch cut off."""
+    logp = torch.zeros_like(batch.old_logp)
+    for rows in mini_batches:
+        for micro_rows, micro, first in micro_batches(batch, rows, micro_batch_size):
+            micro_logp = token_logprobs(model, micro.to(device), *distribution).cpu()
+            logp[micro_rows, first : first + micro_logp.shape[1]] = micro_logp
+    return logp

@@ -35,3 +35,28 @@ def reported_out_of_memory(phase: str, rows: int, longest: int, hint: str) -> It
         raise TrainingError(
             f"out of memory during {phase}: {rows} sequences, the longest {longest} tokens; {hint}"
         ) from err
+
+
+class BadStepCounter:
+    """Steps in a row that skipped an update for a non-finite loss or gradient; `limit` in a row stop the run."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_a_row = 0
+
+    def count(self, step: int, skipped: int, console) -> None:
+        """Record this step's skipped updates: a warning on the console when it skipped any, and TrainingError
+        once `limit` steps in a row did."""
+        self.in_a_row = self.in_a_row + 1 if skipped else 0
+        if not skipped:
+            return
+        console.print(
+            f"[bold yellow]warning[/]: step {step}: non-finite loss or gradient, {skipped} update(s) skipped "
+            f"({self.in_a_row} step(s) in a row; the run stops at {self.limit})"
+        )
+        if self.in_a_row >= self.limit:
+            raise TrainingError(
+                f"steps {step - self.limit + 1}-{step}: every one had a non-finite loss or gradient, their "
+                "updates were skipped; lower trainer.lr or check the rewards, then continue from the newest "
+                "checkpoint with trainer.resume=auto"
+            )

@@ -1,0 +1,36 @@
+"""What a run prints: one line per step, one per held-out evaluation, and its warnings."""
+
+from __future__ import annotations
+
+from minirl.errors import DataError
+
+
+def step_line(step: int, steps: int, metrics: dict[str, float]) -> str:
+    """`step  n/N  reward ± std  success  kl  valid calls  turns  groups (guided)  seconds`."""
+    groups = f"groups {metrics['algo/groups_kept']:.0f}"
+    if metrics["algo/groups_guided"]:
+        groups += f" ({metrics['algo/groups_guided']:.0f} guided)"
+    return (
+        f"step {step:>4}/{steps}  reward {metrics['reward/mean']:+.2f} "
+        f"± {metrics['reward/std']:.2f}  success {metrics['rollout/success_rate']:.0%}  "
+        f"kl {metrics.get('loss/kl', 0.0):.4f}  valid calls {metrics['tools/valid_frac']:.0%}  "
+        f"turns {metrics['rollout/turns']:.2f}  {groups}  {metrics['time/step_s']:.1f}s"
+    )
+
+
+def eval_line(step: int, metrics: dict[str, float], tasks: int, change: str) -> str:
+    """The held-out success overall and by kind, and the mean reward; `change` says what moved since step 0."""
+    kinds = "  ".join(
+        f"{k.rsplit('/', 1)[-1]} {v:.0%}" for k, v in metrics.items() if k.startswith("eval/success_rate/")
+    )
+    return (
+        f"[bold cyan]eval[/] step {step:>4}: held-out success {metrics['eval/success_rate']:.1%} "
+        f"({tasks} tasks; {kinds}), reward {metrics['eval/reward/mean']:+.2f}{change}"
+    )
+
+
+def skipped_rows_warning(skipped: list[DataError]) -> str:
+    return (
+        f"[bold yellow]warning[/]: skipped {len(skipped)} malformed dataset rows (data.on_error=skip); "
+        f"first: {skipped[0]}"
+    )

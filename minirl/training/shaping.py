@@ -1,0 +1,90 @@
+"""Reward shaping, all in one place: what turns a trajectory's reward terms into the reward its advantage
+sees. In order: the weighted terms (minirl/rewards, clipped by reward.clip), DAPO's soft overlong
+penalty (algo.overlong=penalty), off-policy guidance (algo.guide: a group whose rewards all tie below its
+task's reference answer learns from that answer, scored the same way), and the KL to the reference model
+subtracted from the reward (algo.kl_in_reward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from minirl.algos.dapo import overlong_penalty, tied_groups, tokens_to_limit
+from minirl.algos.kl import sequence_kl
+from minirl.config import AlgoConfig, Config, Overlong, RolloutConfig
+from minirl.protocol.chat import TemplateError
+from minirl.rewards import score_all
+from minirl.rollout.agent_loop import AgentLimits, replay_reference
+from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
+from minirl.tools import ToolExecutor
+from minirl.training.batch import PolicyBatch
+
+
+def score(trajs: list[Trajectory], cfg: Config) -> None:
+    """Set each trajectory's reward and reward terms: the weighted terms, then the overlong penalty."""
+    score_all(trajs, cfg.reward)
+    if cfg.algo.overlong is Overlong.penalty:
+        punish_overlong(trajs, cfg.rollout, cfg.algo)
+
+
+def punish_overlong(trajs: list[Trajectory], rollout: RolloutConfig, algo: AlgoConfig) -> None:
+    """Add DAPO's soft overlong punishment (minirl/algos/dapo.py) to each reward, after reward.clip; it is
+    also recorded as the reward term `overlong_penalty`, so reward/overlong_penalty logs its mean."""
+    room = torch.tensor([tokens_to_limit(t, rollout.max_new_tokens, rollout.max_total_tokens) for t in trajs])  # [N]
+    penalties = overlong_penalty(room, algo.overlong_buffer, algo.overlong_penalty).tolist()
+    for traj, penalty in zip(trajs, penalties):
+        traj.reward += penalty
+        traj.reward_terms["overlong_penalty"] = penalty
+
+
+def guided(
+    trajs: list[Trajectory], group_size: int, reference: Callable[[Trajectory], Trajectory | None]
+) -> list[Trajectory]:
+    """trajs with the last member of each group whose rewards all tie replaced by `reference(last member)`, the
+    task's reference answer replayed and scored (`replayed`), where that earns more than the group:
+    off-policy guidance (docs/algorithms.md). The group then has something to teach, however rarely the
+    policy solves the task."""
+    out = list(trajs)
+    if group_size < 2:  # a group of one has no sample to compare the reference with
+        return out
+    tied = tied_groups(torch.tensor([t.reward for t in trajs]), group_size)  # [groups]
+    for group in tied.nonzero().flatten().tolist():
+        last = trajs[group * group_size + group_size - 1]
+        guide = reference(last)
+        if guide is not None and guide.reward > last.reward:
+            out[group * group_size + group_size - 1] = guide
+    return out
+
+
+def replayed(
+    traj: Trajectory, tokenizer, executor: ToolExecutor, limits: AgentLimits, cfg: Config
+) -> Trajectory | None:
+    """The reference answer of traj's task replayed in its group slot and scored (`score`), or None where it
+    cannot guide: the task has none, the chat template cannot split it into turns, or the replay did not go
+    as the reference did (it ran into a limit, or a tool rejected or skipped one of its calls, so its answer
+    would not follow from what the tools returned)."""
+    if not traj.task.reference:
+        return None
+    try:
+        guide = replay_reference(traj.task, traj.group_index, tokenizer, executor, limits, cfg.protocol)
+    except TemplateError:
+        return None
+    results = [result for turn in guide.turns for result in turn.tool_results]
+    if guide.finish_reason is not TrajectoryEnd.ANSWER or any(r.status != "ok" for r in results):
+        return None
+    score([guide], cfg)
+    return guide
+
+
+def kl_shaped(trajs: list[Trajectory], batch: PolicyBatch, algo: AlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """[N] the rewards the advantages see: with algo.kl_in_reward, r - kl_coef * the trajectory's KL to the
+    reference (summed over its sampled tokens, under the policy that sampled them; none for a replayed
+    reference answer, which no policy sampled); and its metrics."""
+    rewards = torch.tensor([t.reward for t in trajs])
+    if not algo.kl_in_reward:
+        return rewards, {}
+    kl = sequence_kl(batch.old_logp, batch.ref_logp, batch.mask, algo.kl_estimator)  # [N]
+    kl = kl * ~torch.tensor([t.off_policy for t in trajs])
+    return rewards - algo.kl_coef * kl, {"kl/in_reward": kl.mean().item()}

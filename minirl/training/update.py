@@ -1,0 +1,139 @@
+"""The policy update of a step: pi_old and the rollout correction, then one optimizer step per mini-batch.
+
+`prepare_batch` sets the loss mask and log pi_old: algo.overlong=mask takes the trajectories a length limit
+cut off out of the loss (DAPO's overlong filtering); algo.old_logprobs=recompute replaces the sampler's
+log-probs by the trainer's, and algo.rollout_is turns the gap between the two into token weights or a
+trajectory mask (minirl/algos/rollout_correction.py). `PolicyOptimizer.update` then runs the plan's
+mini-batches, each in micro-batches whose gradients add up to the mini-batch's. A non-finite loss or
+gradient norm skips that optimizer step (weights, optimizer state and schedule stay as they were).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from statistics import fmean
+
+import torch
+
+from minirl.algos.dapo import truncated
+from minirl.algos.losses import LOSSES, micro_batch_share
+from minirl.algos.rollout_correction import rollout_correction
+from minirl.config import AlgoConfig, LossConfig, LRSchedule, OldLogprobs, Overlong, TrainerConfig
+from minirl.rollout.trajectory import Trajectory
+from minirl.training.batch import PolicyBatch, batch_logprobs, micro_batches, sampling_logprobs, target_logprobs
+
+
+def lr_factor(step: int, t: TrainerConfig) -> float:
+    """The multiplier of trainer.lr at optimizer step `step`: linear warm-up, then constant or cosine to 0."""
+    if step < t.warmup_steps:
+        return (step + 1) / t.warmup_steps
+    if t.lr_schedule is LRSchedule.cosine:
+        optimizer_steps = t.steps * t.ppo_epochs * t.mini_batches
+        progress = (step - t.warmup_steps) / max(1, optimizer_steps - t.warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * progress))
+    return 1.0
+
+
+@dataclass
+class PolicyOptimizer:
+    """The policy, its optimizer and schedule, and how it scores a batch (`distribution`: temperature, top_p,
+    top_k, what the sampler drew from; log-probs use it too)."""
+
+    policy: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loss_fn: object  # a LOSSES entry
+    loss_cfg: LossConfig
+    trainer_cfg: TrainerConfig
+    device: torch.device
+    distribution: tuple[float, float, int]
+
+    @classmethod
+    def adamw(cls, policy, loss_cfg: LossConfig, trainer_cfg: TrainerConfig, device, distribution) -> PolicyOptimizer:
+        """AdamW at trainer.lr and weight_decay under the lr_factor schedule, minimising loss.name."""
+        loss_fn = LOSSES.get(loss_cfg.name)
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=trainer_cfg.lr, weight_decay=trainer_cfg.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, trainer_cfg))
+        return cls(policy, optimizer, scheduler, loss_fn, loss_cfg, trainer_cfg, device, distribution)
+
+    def logprobs(self, model, batch: PolicyBatch, mini_batches: list[torch.Tensor]) -> torch.Tensor:
+        """[N, L - 1 - start] `model`'s log-probs of the targets over these mini-batches' micro-batches."""
+        return batch_logprobs(
+            model, batch, mini_batches, self.trainer_cfg.micro_batch_size, self.device, self.distribution
+        )
+
+    def update(self, batch: PolicyBatch, plan: list[list[torch.Tensor]], poisoned: bool) -> dict[str, float]:
+        """One optimizer step per mini-batch of the plan (epochs x mini-batches of row indices, mini_batch_plan).
+        The metrics are means over these optimizer steps, but faults/skipped_updates counts them; lr is the last
+        one's. `poisoned` (the fault drill, trainer.nan_loss_steps) makes every loss NaN."""
+        self.policy.train()
+        steps = [self.step(batch, rows, poisoned) for epoch in plan for rows in epoch]
+        metrics = {key: fmean(s[key] for s in steps) for key in steps[0]}
+        metrics["faults/skipped_updates"] = sum(s["faults/skipped_updates"] for s in steps)
+        return {**metrics, "lr": self.scheduler.get_last_lr()[0]}
+
+    def step(self, batch: PolicyBatch, rows: torch.Tensor, poisoned: bool) -> dict[str, float]:
+        """One optimizer step on the mini-batch batch[rows], in micro-batches whose gradients add up to the
+        mini-batch's; also the policy's mean entropy over its action tokens, from the logits the loss used.
+        A non-finite loss or gradient norm skips the step and sets faults/skipped_updates to 1."""
+        mask = batch.mask[rows]  # [n, T]
+        sums: dict[str, torch.Tensor] = {}
+        entropy_sum = torch.zeros(())
+        for _, micro, _ in micro_batches(batch, rows, self.trainer_cfg.micro_batch_size):
+            micro = micro.to(self.device)
+            dist = sampling_logprobs(self.policy, micro, *self.distribution)  # [b, T, V]
+            logp = target_logprobs(dist, micro)  # [b, T]
+            out = self.loss_fn(
+                logp, micro.old_logp, micro.ref_logp, micro.advantages, micro.mask, self.loss_cfg,
+                is_weights=micro.is_weights,
+            )  # fmt: skip
+            share = micro_batch_share(micro.mask, mask, self.loss_cfg.agg)
+            loss = out.loss * math.nan if poisoned else out.loss
+            (loss * share).backward()
+            for key, value in out.metrics.items():
+                sums[key] = sums.get(key, 0.0) + value.detach().cpu() * share
+            action = dist.detach()[micro.mask > 0]  # [tokens, V]; entr(0) = 0 for tokens top-k/top-p removed
+            entropy_sum += torch.special.entr(action.exp()).sum().cpu()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.trainer_cfg.max_grad_norm)
+        finite = bool(torch.isfinite(grad_norm)) and not poisoned
+        if finite:
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {
+            **{k: float(v) for k, v in sums.items()},
+            "entropy": float(entropy_sum / mask.sum().clamp(min=1)),
+            "grad_norm": grad_norm.item(),
+            "faults/skipped_updates": float(not finite),
+        }
+
+
+def prepare_batch(
+    batch: PolicyBatch,
+    trajs: list[Trajectory],
+    first_epoch: list[torch.Tensor],
+    learner: PolicyOptimizer,
+    algo: AlgoConfig,
+) -> tuple[PolicyBatch, dict[str, float]]:
+    """The loss mask and log pi_old (module docstring); the gap between the sampler's and the trainer's
+    log-probs is logged under recompute. A replayed reference answer (algo.guide) has no sampler: its pi_old
+    is the policy's before the update, so its ratios start at 1 and it has no gap to correct. Under
+    recompute, pi_old is computed over exactly the micro-batches the first epoch runs, so that the first
+    mini-batch's ratios are exactly 1 (same inputs, same kernels)."""
+    if algo.overlong is Overlong.mask:
+        cut = torch.tensor([truncated(t) for t in trajs])  # [N]
+        batch = replace(batch, mask=batch.mask * ~cut.unsqueeze(1))
+    replayed = torch.tensor([t.off_policy for t in trajs]).unsqueeze(1)  # [N, 1]
+    if algo.old_logprobs is OldLogprobs.sampler:
+        if replayed.any():
+            learner.policy.eval()
+            now = learner.logprobs(learner.policy, batch, [replayed.flatten().nonzero().flatten()])
+            batch = replace(batch, old_logp=torch.where(replayed, now, batch.old_logp))
+        return batch, {}
+    learner.policy.eval()
+    old_logp = learner.logprobs(learner.policy, batch, first_epoch)
+    sampler = torch.where(replayed, old_logp, batch.old_logp)
+    fix = rollout_correction(old_logp, sampler, batch.mask, algo.rollout_is.value, algo.rollout_is_threshold)
+    batch = replace(batch, old_logp=old_logp, mask=fix.mask, is_weights=fix.weights)
+    return batch, {key: value.item() for key, value in fix.metrics.items()}
