@@ -73,7 +73,7 @@ class OpenAIBackend:
             raise ConfigError("eval.base_url: the openai backend needs an endpoint (eval.base_url=http://HOST:PORT/v1)")
         if importlib.util.find_spec("openai") is None:
             raise ConfigError("eval.backend=openai needs the openai client: pip install -e '.[serve]'")
-        from minirl.evaluation.chat_loop import connect, first_model
+        from minirl.evaluation.chat_loop import connect, first_model  # late: it needs the optional openai client
 
         self.client = connect(cfg.eval.base_url, cfg.eval.api_key)
         self.model = cfg.eval.model_id or first_model(self.client)
@@ -81,7 +81,7 @@ class OpenAIBackend:
         self.cfg = cfg
 
     def run(self, tasks: list[Task]) -> list[Trajectory]:
-        from minirl.evaluation.chat_loop import run_chat_agent
+        from minirl.evaluation.chat_loop import run_chat_agent  # late: it needs the optional openai client
 
         cfg = self.cfg
         sampling = SamplingParams.from_config(cfg.rollout, cfg.eval.temperature, seed=cfg.eval.seed)

@@ -16,7 +16,8 @@ from rich.console import Console
 from minirl.config import Config
 from minirl.data import DATASETS
 from minirl.evaluation.backends import EVAL_BACKENDS
-from minirl.evaluation.report import EvalReport, RunInfo, build_report, print_report
+from minirl.evaluation.report import EvalReport, RunInfo, print_report
+from minirl.evaluation.summary import build_report
 from minirl.rewards import SUCCESS_CRITERIA, score_all
 from minirl.tools.base import check_offered_tools
 from minirl.validate import validate

@@ -20,7 +20,7 @@ from minirl.validate import validate
 def serve(cfg: Config, console: Console) -> None:
     """Serve `cfg.model` until SIGINT or SIGTERM. Once the socket accepts connections, prints exactly
     one line to stdout: `serving <model_id> at http://<host>:<port>/v1` (the real port when serve.port=0)."""
-    try:
+    try:  # late: the server stack (fastapi, uvicorn) is the optional [serve] extra
         import uvicorn
 
         from minirl.serving.app import ServedModel, create_app

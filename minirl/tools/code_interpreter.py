@@ -33,14 +33,11 @@ import re
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING
 
+from minirl.config import SandboxConfig, ToolsConfig
 from minirl.errors import ConfigError
 from minirl.tools.base import TOOLS, Tool, ToolError, ToolTimeout
 from minirl.tools.sandbox import SandboxRun, namespace_prefix, run_python
-
-if TYPE_CHECKING:
-    from minirl.config import SandboxConfig, ToolsConfig
 
 KILL_AT = 0.9  # share of tools.timeout_s after which a run is killed; the rest covers kill and cleanup
 
@@ -117,8 +114,6 @@ class CodeInterpreter(Tool):
 
     def __init__(self, cfg: ToolsConfig | None = None) -> None:
         if cfg is None:
-            from minirl.config import ToolsConfig  # not at the top: minirl.config imports this package
-
             cfg = ToolsConfig()
         self.check_config(cfg)
         self.limits = cfg.sandbox
