@@ -1,12 +1,13 @@
-"""What every command-line entry point shares: fail fast with one clear line on a bad config,
-convert the composed config once to typed dataclasses, and point it at the Hydra run directory."""
+"""What every command-line entry point shares (`cli`): fail fast with one clear line on a bad config, convert the
+composed config once to typed dataclasses, point it at the Hydra run directory, and only then load the job."""
 
 from __future__ import annotations
 
+import importlib
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
+import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -65,23 +66,13 @@ def check_value_overrides(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
             raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from None
 
 
-def run_entry(dict_cfg: DictConfig, job: Callable[[Config, Console], object]) -> None:
-    from transformers.utils import logging as hf_logging
+def cli(job: str) -> None:
+    """The whole of `python -m minirl.<command> [overrides]`: the fast checks of group options and values, then
+    Hydra on the packaged config tree (multirun `-m`, `--cfg job` and Hydra's other flags included), then `job`,
+    "package.module:function", called as function(cfg, console) with the typed config.
 
-    hf_logging.disable_progress_bar()  # the console shows our own progress; keep it readable
-    console = Console()
-    try:
-        cfg = to_config(dict_cfg)
-        cfg.output_dir = HydraConfig.get().runtime.output_dir
-        job(cfg, console)
-    except tuple(USER_ERRORS) as err:
-        label = next(label for kind, label in USER_ERRORS.items() if isinstance(err, kind))
-        console.print(f"[bold red]{label}:[/] {escape(str(err))}", highlight=False, soft_wrap=True)  # one line
-        sys.exit(2)
-
-
-def launch(main: Callable[[], None]) -> None:
-    """Run a @hydra.main function after the fast checks of group options and values."""
+    `job` is a dotted path, imported only once the config is valid, so that a config error is one line with exit
+    status 2 before torch and the library load."""
     register_configs()
     try:
         check_group_choices(sys.argv[1:])
@@ -89,4 +80,31 @@ def launch(main: Callable[[], None]) -> None:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
-    main()
+
+    def main(dict_cfg: DictConfig) -> None:
+        run_job(dict_cfg, job)
+
+    # Hydra names the job (hydra.job.name, the run directory's <name>.log) after its function's module: make that
+    # the command's (train, eval, serve, sft), not this helper's
+    main.__module__ = f"minirl.{Path(sys.argv[0]).stem}"
+    hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")(main)()
+
+
+def run_job(dict_cfg: DictConfig, job: str) -> None:
+    """Convert the composed config, point it at the Hydra run directory and run `job` ("module:function") on it;
+    a user error (a config value, a dataset file) is one line and exit status 2, no traceback."""
+    console = Console()
+    try:
+        cfg = to_config(dict_cfg)
+        cfg.output_dir = HydraConfig.get().runtime.output_dir
+        from transformers.utils import logging as hf_logging  # slow to import: only once the config is valid
+
+        hf_logging.disable_progress_bar()  # the console shows our own progress; keep it readable
+        module, _, name = job.partition(":")
+        # late on purpose: the job's module loads torch and the library, which a config error should not wait for
+        function = getattr(importlib.import_module(module), name)
+        function(cfg, console)
+    except tuple(USER_ERRORS) as err:
+        label = next(label for kind, label in USER_ERRORS.items() if isinstance(err, kind))
+        console.print(f"[bold red]{label}:[/] {escape(str(err))}", highlight=False, soft_wrap=True)  # one line
+        sys.exit(2)

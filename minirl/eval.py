@@ -9,30 +9,13 @@ python -m minirl.eval --compare A.json B.json [--markdown]           # two repor
 The report goes to the console and to eval.output (default eval.json in the run directory).
 """
 
-from __future__ import annotations
-
 import sys
 
-import hydra
-from omegaconf import DictConfig
-
-from minirl.entry import launch, run_entry
-
-
-@hydra.main(version_base=None, config_path="conf", config_name="config")
-def main(dict_cfg: DictConfig) -> None:
-    run_entry(dict_cfg, _evaluate)
-
-
-def _evaluate(cfg, console) -> None:
-    from minirl.evaluation.evaluator import evaluate  # after the config is validated: torch and friends load slowly
-
-    evaluate(cfg, console)
-
+from minirl.entry import cli
 
 if __name__ == "__main__":
     if "--compare" in sys.argv[1:]:  # not a Hydra run: two report files
-        from minirl.evaluation.compare import main as compare
+        from minirl.evaluation.compare import main as compare  # late: only this mode needs it
 
         sys.exit(compare(sys.argv[1:]))
-    launch(main)
+    cli("minirl.evaluation.evaluator:evaluate")  # imported once the config is valid

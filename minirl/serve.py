@@ -13,24 +13,7 @@ serve.allow_unauthenticated=true. `protocol.format` decides how tool calls are r
 where the model runs (auto: CUDA when there is one); minirl/serving has the rest.
 """
 
-from __future__ import annotations
-
-import hydra
-from omegaconf import DictConfig
-
-from minirl.entry import launch, run_entry
-
-
-@hydra.main(version_base=None, config_path="conf", config_name="config")
-def main(dict_cfg: DictConfig) -> None:
-    run_entry(dict_cfg, _serve)
-
-
-def _serve(cfg, console) -> None:
-    from minirl.serving.server import serve  # after the config is validated: torch and friends load slowly
-
-    serve(cfg, console)
-
+from minirl.entry import cli
 
 if __name__ == "__main__":
-    launch(main)
+    cli("minirl.serving.server:serve")  # imported once the config is valid: torch loads slowly

@@ -5,23 +5,14 @@ python -m minirl.sft                                  # the untrained tiny model
 python -m minirl.sft model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct sft.epochs=1
 """
 
-from __future__ import annotations
+from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
-
-from minirl.entry import launch, run_entry
+from minirl.entry import cli
 
 
-@hydra.main(version_base=None, config_path="conf", config_name="config")
-def main(dict_cfg: DictConfig) -> None:
-    run_entry(dict_cfg, _run_sft)
-
-
-def _run_sft(cfg, console) -> None:
-    # after the config is validated: torch and friends load slowly
-    from pathlib import Path
-
+def run_sft(cfg, console) -> None:
+    """Build or fetch the base model (`model_path`), SFT it on `sft.corpus` and save it to the run directory."""
+    # late: this module is also the command's shell, which must not load torch before the config is checked
     from minirl.bootstrap import model_path
     from minirl.models.loading import load_model, load_tokenizer
     from minirl.runtime import resolve_device, seed_everything
@@ -41,4 +32,4 @@ def _run_sft(cfg, console) -> None:
 
 
 if __name__ == "__main__":
-    launch(main)
+    cli("minirl.sft:run_sft")  # this module again, imported as minirl.sft once the config is valid

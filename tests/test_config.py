@@ -3,8 +3,10 @@ directions, and bad values fail at start-up with a message naming the key."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -263,3 +265,30 @@ def test_cfg_job_prints_the_composed_config(tmp_path):
     assert proc.returncode == 0
     printed = OmegaConf.create(proc.stdout)
     assert printed.loss.name == "cispo" and printed.rollout.engine == "torch" and printed.protocol.format == "hermes"
+
+
+COMMANDS = ["train", "eval", "serve", "sft"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_names_a_job_that_exists(command):
+    """The shells name their job as a dotted path (imported late, after the config is valid): a typo would
+    surface only at run time, so resolve each one here."""
+    (job,) = re.findall(r'cli\("([\w.]+:\w+)"\)', (ROOT / "minirl" / f"{command}.py").read_text())
+    module, name = job.split(":")
+    assert callable(getattr(importlib.import_module(module), name)), job
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_runs_under_its_own_hydra_job_name(command, tmp_path):
+    """From a directory without configs (the packaged tree is found from anywhere), and named after the command,
+    not the shared entry helper: hydra.job.name names the run directory's log file."""
+    proc = subprocess.run(
+        [sys.executable, "-m", f"minirl.{command}", "--cfg", "hydra"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert OmegaConf.create(proc.stdout).hydra.job.name == command
