@@ -1,5 +1,5 @@
 """User-defined tools: schemas from signatures and docstrings, calls through the real executor,
-selection from a composed config through `tools.imports`, and the README's example, run as written."""
+selection from a composed config through `imports`, and the README's example, run as written."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import re
 import shlex
 import sys
+from pathlib import Path
 from typing import Dict, List, Literal, Optional, Union
 
 import pytest
@@ -20,7 +21,7 @@ from minirl.tools.base import ToolCall
 from minirl.validate import validate
 
 register_configs()
-README = CONF_DIR.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 @pytest.fixture(autouse=True)

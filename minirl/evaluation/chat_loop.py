@@ -31,7 +31,7 @@ from minirl.protocol.parsing import THINK_CLOSE, THINK_OPEN, parse_message
 from minirl.rollout.agent_loop import AgentLimits, run_turn_tools
 from minirl.rollout.engine import SamplingParams
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
-from minirl.tools.base import ToolExecutor
+from minirl.tools.executor import ToolExecutor
 
 MAX_RETRIES = 3  # per request, with the client's backoff: connection errors, timeouts, 408, 409, 429, 5xx
 

@@ -19,7 +19,7 @@ from minirl.protocol.observation import tool_messages
 from minirl.protocol.parsing import TurnKind, parse_turn
 from minirl.rollout.engine import Completion, Engine, SamplingParams
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
-from minirl.tools.base import ToolExecutor
+from minirl.tools.executor import ToolExecutor
 
 
 @dataclass

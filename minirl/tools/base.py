@@ -1,4 +1,4 @@
-"""Tools the policy may call, their argument schemas, and the executor that runs calls safely.
+"""The tool interface and its registry: what a call asks for (`ToolCall`), what it returns (`ToolResult`).
 
 A tool is a class with a `name`, a `description`, a JSON-schema `parameters` object and a
 `run(arguments) -> dict` method; it registers itself by name:
@@ -6,19 +6,14 @@ A tool is a class with a `name`, a `description`, a JSON-schema `parameters` obj
     @TOOLS.register("calculate_math")
     class CalculateMath(Tool): ...
 
-Model-written arguments are hostile input. `ToolExecutor` checks them against the schema, runs
-the call in a worker thread with a timeout, caps the observation, and never raises: every
-outcome, failures included, becomes a `ToolResult` the model reads as a tool message.
+Arguments are checked against the schema by minirl/tools/schema.py; minirl/tools/executor.py runs calls.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-import math
-import threading
-import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -119,79 +114,6 @@ def check_offered_tools(offered: Iterable[dict], names: Collection[str]) -> None
 # -- argument validation ------------------------------------------------------------------------
 
 
-def _is_number(value: Any) -> bool:
-    return (isinstance(value, int) and not isinstance(value, bool)) or (
-        isinstance(value, float) and math.isfinite(value)
-    )
-
-
-def _is_integer(value: Any) -> bool:
-    return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
-
-
-_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
-    "string": lambda value: isinstance(value, str),
-    "number": _is_number,
-    "integer": _is_integer,
-    "boolean": lambda value: isinstance(value, bool),
-    "object": lambda value: isinstance(value, dict),
-    "array": lambda value: isinstance(value, list),
-}
-
-_JSON_TYPE_NAMES: dict[type, str] = {
-    bool: "boolean",
-    int: "number",
-    float: "number",
-    str: "string",
-    dict: "object",
-    list: "array",
-    type(None): "null",
-}
-
-
-def _same_json(a: Any, b: Any) -> bool:
-    """Equal as JSON values: true is not 1, as it is in Python (1 and 1.0 are one number in both)."""
-    return isinstance(a, bool) is isinstance(b, bool) and a == b
-
-
-def _label(path: str) -> str:
-    return f"argument '{path}'" if path else "arguments"
-
-
-def _problems(schema: dict, value: Any, path: str) -> list[str]:
-    expected = schema.get("type")
-    if expected is not None and not _TYPE_CHECKS[expected](value):
-        got = _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
-        return [f"{_label(path)} must be of type {expected}, got {got}"]
-    problems: list[str] = []
-    if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
-        options = ", ".join(str(option) for option in schema["enum"])
-        problems.append(f"{_label(path)} must be one of: {options}; got {json.dumps(value, ensure_ascii=False)}")
-    if isinstance(value, dict):
-        properties = schema.get("properties", {})
-        prefix = f"{path}." if path else ""
-        problems += [
-            f"missing required {_label(prefix + key)}" for key in schema.get("required", ()) if key not in value
-        ]
-        for key, item in value.items():
-            if key in properties:
-                problems += _problems(properties[key], item, prefix + key)
-            elif schema.get("additionalProperties", True) is False:
-                problems.append(f"unexpected {_label(prefix + key)}")
-    if isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            problems += _problems(schema["items"], item, f"{path}[{i}]")
-    return problems
-
-
-def validate_arguments(parameters: dict, arguments: dict) -> list[str]:
-    """Problems of `arguments` against a JSON schema subset (type, required, enum, properties,
-    additionalProperties, items); empty when they are fine. bool is not a number."""
-    return _problems(parameters, arguments, "")
-
-
-# -- results and execution ----------------------------------------------------------------------
-
 ToolStatus = Literal["ok", "unknown_tool", "bad_arguments", "error", "timeout", "over_budget"]
 
 
@@ -212,121 +134,3 @@ class ToolResult:
 
     def to_message(self) -> dict:
         return {"role": "tool", "tool_call_id": self.call_id, "name": self.name, "content": self.content}
-
-
-_TRUNCATION_MARKER = "...[truncated {} chars]"
-
-
-def cap_text(text: str, max_chars: int) -> str:
-    """`text` cut to at most `max_chars` characters (marker included) when longer."""
-    if len(text) <= max_chars:
-        return text
-    keep = max(0, max_chars - len(_TRUNCATION_MARKER.format(len(text))))
-    return text[:keep] + _TRUNCATION_MARKER.format(len(text) - keep)
-
-
-_OVER_BUDGET = "tool-call budget of this conversation is used up; answer with what you have"
-
-
-def _to_json(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False)
-
-
-def _error_json(message: str) -> str:
-    return _to_json({"error": message})
-
-
-def _describe(err: BaseException) -> str:
-    """'Type: message'; a user tool's exception whose message itself raises still names its type."""
-    try:
-        return f"{type(err).__name__}: {err}"
-    except Exception:
-        return f"{type(err).__name__} (its message raised an error)"
-
-
-class _Run:
-    """One call running in a daemon thread (a hung tool cannot block the process from exiting)."""
-
-    def __init__(self, call: ToolCall, tool: Tool) -> None:
-        self.call = call
-        self.outcome: tuple[ToolStatus, str] | None = None
-        self.started = time.perf_counter()
-        self._thread = threading.Thread(target=self._work, args=(tool,), name=f"tool-{call.name}", daemon=True)
-        self._thread.start()
-
-    def _work(self, tool: Tool) -> None:
-        try:
-            self.outcome = ("ok", _to_json(tool.run(self.call.arguments)))
-        except ToolTimeout as err:
-            self.outcome = ("timeout", _error_json(_describe(err)))
-        except BaseException as err:  # a worker thread: whatever the tool raised is the model's observation
-            self.outcome = ("error", _error_json(_describe(err)))
-
-    def wait(self, deadline: float) -> None:
-        self._thread.join(max(0.0, deadline - time.perf_counter()))
-
-
-class ToolExecutor:
-    """Runs tool calls with schema checks, a per-call timeout and an observation cap. Never raises."""
-
-    def __init__(self, tools: dict[str, Tool], timeout_s: float, max_output_chars: int) -> None:
-        self.tools = tools
-        self.timeout_s = timeout_s
-        self.max_output_chars = max_output_chars
-
-    @classmethod
-    def from_config(cls, cfg: ToolsConfig) -> ToolExecutor:
-        """An executor of the configured tools (`tools.names`), with their timeout and observation cap."""
-        return cls(build_tools(cfg.names, cfg), cfg.timeout_s, cfg.max_output_chars)
-
-    def execute(self, call: ToolCall, allowed: Collection[str] | None = None) -> ToolResult:
-        """Run one call; `allowed` is the task's tool list (None = every tool of the executor)."""
-        return self.execute_many([call], allowed)[0]
-
-    def execute_many(
-        self, calls: Sequence[ToolCall], allowed: Collection[str] | None = None, budget: int | None = None
-    ) -> list[ToolResult]:
-        """Run calls concurrently, each with its own timeout; results in call order. Calls past
-        `budget` (the conversation's remaining tool calls; None = no limit) are not run: they get
-        an "over_budget" error observation telling the model to answer."""
-        budget = len(calls) if budget is None else max(0, budget)
-        started = [self._start(call, allowed) for call in calls[:budget]]
-        refused = [
-            self._result(call, "over_budget", _error_json(_OVER_BUDGET), time.perf_counter()) for call in calls[budget:]
-        ]
-        return [item if isinstance(item, ToolResult) else self._finish(item) for item in started] + refused
-
-    def _result(self, call: ToolCall, status: ToolStatus, content: str, started: float) -> ToolResult:
-        return ToolResult(
-            call_id=str(call.id),
-            name=str(call.name),
-            content=cap_text(content, self.max_output_chars),
-            status=status,
-            latency_s=time.perf_counter() - started,
-        )
-
-    def _start(self, call: ToolCall, allowed: Collection[str] | None) -> ToolResult | _Run:
-        """A finished result when the call is rejected up front, else the running call."""
-        started = time.perf_counter()
-        try:
-            available = sorted(name for name in self.tools if allowed is None or name in allowed)
-            if call.name not in available:
-                listing = ", ".join(available) if available else "none"
-                message = f"unknown tool '{call.name}'; available tools: {listing}"
-                return self._result(call, "unknown_tool", _error_json(message), started)
-            tool = self.tools[call.name]
-            problems = validate_arguments(tool.parameters, call.arguments)
-            if problems:
-                message = f"bad arguments for '{call.name}': " + "; ".join(problems)
-                return self._result(call, "bad_arguments", _error_json(message), started)
-            return _Run(call, tool)
-        except Exception as err:  # a malformed call object or schema must not escape the executor
-            return self._result(call, "error", _error_json(_describe(err)), started)
-
-    def _finish(self, run: _Run) -> ToolResult:
-        run.wait(run.started + self.timeout_s)
-        outcome = run.outcome
-        if outcome is None:
-            message = f"tool '{run.call.name}' timed out after {self.timeout_s:g} s"
-            return self._result(run.call, "timeout", _error_json(message), run.started)
-        return self._result(run.call, outcome[0], outcome[1], run.started)

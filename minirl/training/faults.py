@@ -2,7 +2,7 @@
 and runs of non-finite updates.
 
 A tool that raises or hangs never stops a run (the executor turns it into an error observation,
-minirl/tools/base.py); a malformed dataset row is raised or skipped by `data.on_error`.
+minirl/tools/executor.py); a malformed dataset row is raised or skipped by `data.on_error`.
 """
 
 from __future__ import annotations

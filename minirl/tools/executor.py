@@ -1,0 +1,133 @@
+"""The executor that runs tool calls safely. `ToolExecutor` checks each call's arguments against the tool's
+schema, runs it in a worker thread with a timeout, caps the observation, and never raises: every outcome,
+failures included, becomes a `ToolResult` the model reads as a tool message.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from minirl.config import ToolsConfig
+from minirl.tools.base import Tool, ToolCall, ToolResult, ToolStatus, ToolTimeout, build_tools
+from minirl.tools.schema import validate_arguments
+
+_TRUNCATION_MARKER = "...[truncated {} chars]"
+
+
+def cap_text(text: str, max_chars: int) -> str:
+    """`text` cut to at most `max_chars` characters (marker included) when longer."""
+    if len(text) <= max_chars:
+        return text
+    keep = max(0, max_chars - len(_TRUNCATION_MARKER.format(len(text))))
+    return text[:keep] + _TRUNCATION_MARKER.format(len(text) - keep)
+
+
+_OVER_BUDGET = "tool-call budget of this conversation is used up; answer with what you have"
+
+
+def _to_json(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def _error_json(message: str) -> str:
+    return _to_json({"error": message})
+
+
+def _describe(err: BaseException) -> str:
+    """'Type: message'; a user tool's exception whose message itself raises still names its type."""
+    try:
+        return f"{type(err).__name__}: {err}"
+    except Exception:
+        return f"{type(err).__name__} (its message raised an error)"
+
+
+class _Run:
+    """One call running in a daemon thread (a hung tool cannot block the process from exiting)."""
+
+    def __init__(self, call: ToolCall, tool: Tool) -> None:
+        self.call = call
+        self.outcome: tuple[ToolStatus, str] | None = None
+        self.started = time.perf_counter()
+        self._thread = threading.Thread(target=self._work, args=(tool,), name=f"tool-{call.name}", daemon=True)
+        self._thread.start()
+
+    def _work(self, tool: Tool) -> None:
+        try:
+            self.outcome = ("ok", _to_json(tool.run(self.call.arguments)))
+        except ToolTimeout as err:
+            self.outcome = ("timeout", _error_json(_describe(err)))
+        except BaseException as err:  # a worker thread: whatever the tool raised is the model's observation
+            self.outcome = ("error", _error_json(_describe(err)))
+
+    def wait(self, deadline: float) -> None:
+        self._thread.join(max(0.0, deadline - time.perf_counter()))
+
+
+class ToolExecutor:
+    """Runs tool calls with schema checks, a per-call timeout and an observation cap. Never raises."""
+
+    def __init__(self, tools: dict[str, Tool], timeout_s: float, max_output_chars: int) -> None:
+        self.tools = tools
+        self.timeout_s = timeout_s
+        self.max_output_chars = max_output_chars
+
+    @classmethod
+    def from_config(cls, cfg: ToolsConfig) -> ToolExecutor:
+        """An executor of the configured tools (`tools.names`), with their timeout and observation cap."""
+        return cls(build_tools(cfg.names, cfg), cfg.timeout_s, cfg.max_output_chars)
+
+    def execute(self, call: ToolCall, allowed: Collection[str] | None = None) -> ToolResult:
+        """Run one call; `allowed` is the task's tool list (None = every tool of the executor)."""
+        return self.execute_many([call], allowed)[0]
+
+    def execute_many(
+        self, calls: Sequence[ToolCall], allowed: Collection[str] | None = None, budget: int | None = None
+    ) -> list[ToolResult]:
+        """Run calls concurrently, each with its own timeout; results in call order. Calls past
+        `budget` (the conversation's remaining tool calls; None = no limit) are not run: they get
+        an "over_budget" error observation telling the model to answer."""
+        budget = len(calls) if budget is None else max(0, budget)
+        started = [self._start(call, allowed) for call in calls[:budget]]
+        refused = [
+            self._result(call, "over_budget", _error_json(_OVER_BUDGET), time.perf_counter()) for call in calls[budget:]
+        ]
+        return [item if isinstance(item, ToolResult) else self._finish(item) for item in started] + refused
+
+    def _result(self, call: ToolCall, status: ToolStatus, content: str, started: float) -> ToolResult:
+        return ToolResult(
+            call_id=str(call.id),
+            name=str(call.name),
+            content=cap_text(content, self.max_output_chars),
+            status=status,
+            latency_s=time.perf_counter() - started,
+        )
+
+    def _start(self, call: ToolCall, allowed: Collection[str] | None) -> ToolResult | _Run:
+        """A finished result when the call is rejected up front, else the running call."""
+        started = time.perf_counter()
+        try:
+            available = sorted(name for name in self.tools if allowed is None or name in allowed)
+            if call.name not in available:
+                listing = ", ".join(available) if available else "none"
+                message = f"unknown tool '{call.name}'; available tools: {listing}"
+                return self._result(call, "unknown_tool", _error_json(message), started)
+            tool = self.tools[call.name]
+            problems = validate_arguments(tool.parameters, call.arguments)
+            if problems:
+                message = f"bad arguments for '{call.name}': " + "; ".join(problems)
+                return self._result(call, "bad_arguments", _error_json(message), started)
+            return _Run(call, tool)
+        except Exception as err:  # a malformed call object or schema must not escape the executor
+            return self._result(call, "error", _error_json(_describe(err)), started)
+
+    def _finish(self, run: _Run) -> ToolResult:
+        run.wait(run.started + self.timeout_s)
+        outcome = run.outcome
+        if outcome is None:
+            message = f"tool '{run.call.name}' timed out after {self.timeout_s:g} s"
+            return self._result(run.call, "timeout", _error_json(message), run.started)
+        return self._result(run.call, outcome[0], outcome[1], run.started)
