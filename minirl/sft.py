@@ -17,7 +17,9 @@ def run_sft(cfg, console) -> None:
     from minirl.models.loading import load_model, load_tokenizer
     from minirl.runtime import resolve_device, seed_everything
     from minirl.training.sft import sft_examples, train_sft
+    from minirl.validate import validate
 
+    validate(cfg)  # every name resolved before the base model is built or loaded
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)  # on the tiny model: the cached warm start exactly
     device = resolve_device(cfg.trainer.device, cfg.trainer.deterministic)
     path = model_path(cfg, console, warm_start=False)
