@@ -25,7 +25,7 @@ class PolicyBatch:
     attention_mask: torch.Tensor  # [N, L]
     start: int  # first position whose next token can be an action (shortest prompt - 1)
     # [N, L - 1 - start] log pi_old of the target tokens: the sampler's (collate), or the trainer's own
-    # recomputation under algo.old_logprobs=recompute (Trainer.prepare_batch)
+    # recomputation under algo.old_logprobs=recompute (minirl/training/update.py prepare_batch)
     old_logp: torch.Tensor
     mask: torch.Tensor  # [N, L - 1 - start] 1.0 at action tokens: sampled by the policy, or a replayed reference's
     advantages: torch.Tensor  # [N]
