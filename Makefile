@@ -1,24 +1,60 @@
-# minirl: `make help` lists the targets.
-PYTHON ?= python
+# minirl: `make help` lists the targets. On a fresh machine `make demo` and `make test` set up what they
+# need: a virtual environment of the checkout's own, $(VENV), installed into once per change of pyproject.toml.
+#   make install PYTHON=python   # use an interpreter of your own instead (say, an active venv's); no .venv
+VENV ?= .venv
+# the interpreter that creates $(VENV)
+BASE_PYTHON ?= python3
+# installed before anything else, so that pip never picks a torch (a CUDA build) itself
 TORCH_CPU ?= torch==2.13.0
+# what `make test-fast` runs: pytest arguments
+FAST_TESTS ?= -m "not slow" tests
 
-.PHONY: help install test lint demo clean
+ifeq ($(filter command line environment,$(origin PYTHON)),)
+PYTHON := $(VENV)/bin/python
+LINT_IMPORTS := $(VENV)/bin/lint-imports
+# the install stamp that every target running code depends on
+SETUP := $(VENV)/.installed
+else
+# an interpreter of your own: `make install` installs into its environment, no other target installs anything
+LINT_IMPORTS := lint-imports
+SETUP :=
+endif
+
+TEST_ENV := WANDB_MODE=offline HF_HUB_OFFLINE=1
+
+.PHONY: help install test test-fast lint demo clean
 
 help: ## list the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-install: ## install minirl in editable mode with the dev and serve extras (CPU torch pinned first)
+define pip_install
 	$(PYTHON) -m pip install "$(TORCH_CPU)"
 	$(PYTHON) -m pip install -e ".[dev,serve]"
+endef
 
-test: ## run the test suite (offline, CPU)
-	WANDB_MODE=offline HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q
+$(VENV)/bin/python:
+	$(BASE_PYTHON) -m venv $(VENV)
 
-lint: ## ruff lint and format check
-	$(PYTHON) -m ruff check minirl tests
-	$(PYTHON) -m ruff format --check minirl tests
+$(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+	$(pip_install)
+	touch $@
 
-demo: ## the default run: build + warm-start the tiny model, then agentic RL on CPU
+install: $(if $(SETUP),| $(VENV)/bin/python) ## (re)install minirl in editable mode with the dev and serve extras (CPU torch pinned first)
+	$(pip_install)
+	$(if $(SETUP),touch $(SETUP))
+
+test: $(SETUP) ## run the test suite (offline, CPU)
+	$(TEST_ENV) $(PYTHON) -m pytest -q
+
+test-fast: $(SETUP) ## run the fast tier of the tests (the FAST_TESTS selection)
+	$(TEST_ENV) $(PYTHON) -m pytest -q $(FAST_TESTS)
+
+lint: $(SETUP) ## ruff lint and format check, and the import-layer contract
+	$(PYTHON) -m ruff check minirl tests experiments
+	$(PYTHON) -m ruff format --check minirl tests experiments
+	$(LINT_IMPORTS)
+
+demo: $(SETUP) ## the default run: build + warm-start the tiny model, then agentic RL on CPU
 	$(PYTHON) -m minirl.train
 
 clean: ## remove run outputs
