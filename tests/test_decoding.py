@@ -1,9 +1,12 @@
 """KV-cached decoding (minirl/inference/decoding.py, minirl/inference/llama_family.py): every logit a cached
 batch returns is the one a full forward pass over that row's tokens gives, whichever decoder runs it,
-whichever rows left, and
-whatever part of the prompt came from a stored prefix."""
+whichever rows left, and whatever part of the prompt came from a stored prefix. The decoding loop on it
+(minirl/inference/loop.py): a row admitted between steps, or one whose neighbours are evicted, decodes as
+it would alone; the end-of-turn rule."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +14,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 
 from minirl.inference.decoding import CachedBatch, PrefixStore, StoredPrefix, TransformersDecoder
 from minirl.inference.llama_family import LlamaFamilyDecoder
+from minirl.inference.loop import DecodeLoop, RowRequest, Sampled, StopReason, end_of_turn_ids
+from minirl.inference.sampling import SamplingParams
 
 SIZES = dict(
     vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -126,3 +131,126 @@ def test_prefix_store_finds_the_longest_stored_prefix_with_at_least_one_new_toke
     assert longest(1, 2, 7) == (1, 2)
     assert longest(1, 5, 0) == (1, 5)
     assert longest(1, 3) is None and longest(2) is None and longest(3, 1) is None
+
+
+# -- the decoding loop ----------------------------------------------------------------------------
+
+GREEDY = SamplingParams(12, temperature=0.0)
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def run(loop: DecodeLoop, admissions: dict[int, list[RowRequest]], evictions: dict[int, list[int]] | None = None):
+    """Step `loop` to the end, admitting admissions[s] and evicting the rows at evictions[s] (indices into
+    all the rows admitted so far) before step s; every row's Sampled, by the order it was admitted."""
+    evictions = evictions or {}
+    ids: list[int] = []
+    out: dict[int, list[Sampled]] = {}
+    with torch.no_grad():
+        for step in range(100):
+            ids += loop.admit(admissions.get(step, []))
+            for index in evictions.get(step, []):
+                loop.evict(ids[index])
+            if not loop.rows and step > max(admissions):
+                break
+            for sampled in loop.step():
+                out.setdefault(sampled.row, []).append(sampled)
+    return [out.get(row, []) for row in ids]
+
+
+def alone(model, request: RowRequest) -> list[Sampled]:
+    again = RowRequest(request.prompt, request.params, request.generator and seeded(request.generator.initial_seed()))
+    return run(DecodeLoop(model, 0, frozenset()), {0: [again]})[0]
+
+
+def assert_same_row(got: list[Sampled], expected: list[Sampled]) -> None:
+    assert [s.token for s in got] == [s.token for s in expected]
+    assert [s.stop for s in got] == [s.stop for s in expected]
+    torch.testing.assert_close(torch.tensor([s.logprob for s in got]), torch.tensor([s.logprob for s in expected]))
+
+
+def assert_full_forward_logprobs(model, request: RowRequest, row: list[Sampled]) -> None:
+    """Each sampled token's log-prob is its log-prob under a full forward pass over the row's tokens."""
+    tokens = [s.token for s in row]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([request.prompt + tokens])).logits[0, len(request.prompt) - 1 : -1]
+    expected = request.params.logprobs(logits.float()).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+    torch.testing.assert_close(torch.tensor([s.logprob for s in row]), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen2 with sliding-window layers"])
+def test_a_row_admitted_between_steps_decodes_as_it_would_alone(name):
+    """Rows join a batch that has decoded for a few steps (one row of it evicted, so the cache holds a dead
+    row): a prompt longer than what the batch's cache holds and shorter ones, greedy and seeded. Every row
+    samples the tokens it samples alone, with its log-probs, which are the full forward pass's."""
+    model = random_model(name)
+    first = random_prompts([5, 9, 3, 7, 6])
+    later = random_prompts([30, 2, 8], seed=6)
+    sampled = SamplingParams(12, temperature=1.0)
+    requests = [RowRequest(p, GREEDY) for p in first[:4]] + [RowRequest(first[4], sampled, seeded(1))]
+    joining = [RowRequest(later[0], GREEDY), RowRequest(later[1], sampled, seeded(2)), RowRequest(later[2], GREEDY)]
+    rows = run(DecodeLoop(model, 0, frozenset()), {0: requests, 4: joining}, evictions={3: [1]})
+    assert len(rows[1]) == 3 and rows[1][-1].stop is None  # evicted after three steps: no result says why
+    for index, (request, row) in enumerate(zip(requests + joining, rows)):
+        if index == 1:
+            assert_same_row(row, alone(model, request)[:3])
+            continue
+        assert len(row) == 12 and row[-1].stop is StopReason.length
+        assert_same_row(row, alone(model, request))
+        assert_full_forward_logprobs(model, request, row)
+
+
+def test_evicting_rows_leaves_the_others_unchanged():
+    """Rows evicted at different steps (one before it ever sampled) change no other row's tokens or log-probs,
+    greedy or drawing from its own generator. (Rows drawing from the global RNG draw as one batch: their
+    draws depend on which rows are in it, as a rollout's always have.)"""
+    model = random_model("qwen2")
+    prompts = random_prompts([4, 8, 6, 5, 7])
+    sampled = SamplingParams(10, temperature=1.2, top_k=20)
+
+    def requests() -> list[RowRequest]:
+        return [RowRequest(p, sampled, seeded(i)) for i, p in enumerate(prompts[:3])] + [
+            RowRequest(p, GREEDY) for p in prompts[3:]
+        ]
+
+    everyone = run(DecodeLoop(model, 0, frozenset()), {0: requests()})
+    evicted = run(DecodeLoop(model, 0, frozenset()), {0: requests()}, evictions={0: [1], 3: [3]})
+    assert evicted[1] == [] and len(evicted[3]) == 3
+    for row in (0, 2, 4):
+        assert_same_row(evicted[row], everyone[row])
+        assert_full_forward_logprobs(model, requests()[row], evicted[row])
+
+
+def test_rows_leave_on_an_end_of_turn_token_or_at_their_own_token_limit():
+    model = random_model("qwen2")
+    prompts = random_prompts([4, 8, 6])
+    with torch.no_grad():
+        free = run(DecodeLoop(model, 0, frozenset()), {0: [RowRequest(p, GREEDY) for p in prompts]})
+    end = free[1][4].token  # row 1's fifth greedy token ends its turn now
+    requests = [RowRequest(prompts[0], SamplingParams(3, temperature=0.0))] + [
+        RowRequest(p, GREEDY) for p in prompts[1:]
+    ]
+    rows = run(DecodeLoop(model, 0, frozenset({end})), {0: requests})
+    assert [s.stop for s in rows[0]] == [None, None, StopReason.length]
+    for row, expected in zip(rows, free):
+        cut = next((i + 1 for i, s in enumerate(expected) if s.token == end), len(expected))
+        assert [s.token for s in row] == [s.token for s in expected][: min(cut, len(row))]
+    assert rows[1][-1].stop is StopReason.stop and len(rows[1]) <= 5
+
+
+@pytest.mark.parametrize(
+    ("listed", "expected"),
+    [(None, {2}), (2, {2}), (7, {2, 7}), ([7, 2, 9], {2, 7, 9}), ([], {2})],
+)
+def test_a_turn_ends_on_the_tokenizers_eos_and_every_generation_config_eos(listed, expected):
+    tokenizer = SimpleNamespace(eos_token_id=2)
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=listed))
+    assert end_of_turn_ids(tokenizer, model) == frozenset(expected)
+
+
+def test_the_end_of_turn_rule_without_a_generation_config_or_a_tokenizer_eos():
+    assert end_of_turn_ids(SimpleNamespace(eos_token_id=2), SimpleNamespace(generation_config=None)) == {2}
+    listing = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[7, 9]))
+    assert end_of_turn_ids(SimpleNamespace(eos_token_id=None), listing) == {7, 9}

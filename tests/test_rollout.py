@@ -1,5 +1,6 @@
-"""The multi-turn agent loop with the real tokenizer, real tools and a scripted engine, and the
-engines' log-probs against the trainer's."""
+"""The multi-turn agent loop with the real tokenizer, real tools and a scripted engine; the engines'
+log-probs against the trainer's; the torch engine's draws, pinned to the batched global-RNG draw it has
+always made; the end-of-turn rule in the engines."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import json
 import pytest
 import torch
 from conftest import CALC_TOOL, CONVERSATION, GREETING, third_party_template
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirl.config import CallPolicy, ProtocolConfig
 from minirl.data.synthetic_tools import train_heldout_split
 from minirl.data.task import Task
+from minirl.inference.decoding import CachedBatch, PrefixStore
+from minirl.inference.sampling import draw, warped
 from minirl.protocol.chat import render
 from minirl.protocol.parsing import TurnKind
 from minirl.rollout.agent_loop import AgentLimits, replay_reference, run_agent
@@ -19,6 +23,7 @@ from minirl.rollout.engine import ENGINES, Completion, SamplingParams
 from minirl.rollout.trajectory import TrajectoryEnd
 from minirl.tools import ToolExecutor, build_tools
 from minirl.tools.minimind import MINIMIND_TOOL_NAMES
+from minirl.training.batch import collate, token_logprobs
 from minirl.training.sft import tokenize_conversation
 
 SAMPLING = SamplingParams(max_new_tokens=256)
@@ -283,8 +288,6 @@ def test_tool_output_enters_the_context_cut_to_its_token_budget(tokenizer, execu
 def test_engine_logprobs_match_the_trainer(tiny_policy, engine_name):
     """Sampler log-probs (HF generate's scores, the torch loop's own) and the trainer's recomputation agree
     to ~1e-5."""
-    from minirl.trainer import collate, token_logprobs
-
     model, tokenizer, tasks = tiny_policy
     engine = ENGINES.get(engine_name)(model, tokenizer, torch.device("cpu"))
     executor = ToolExecutor(build_tools(MINIMIND_TOOL_NAMES), timeout_s=2.0, max_output_chars=512)
@@ -305,8 +308,6 @@ def test_engine_logprobs_match_the_trainer(tiny_policy, engine_name):
 def test_engine_logprobs_match_the_trainer_under_top_p_and_top_k(tiny_policy, engine_name, top_p, top_k):
     """Under top-p / top-k the sampler reports log-probs renormalised over the tokens it could draw; the
     trainer applies the same filter, and without it the two would disagree."""
-    from minirl.trainer import collate, token_logprobs
-
     model, tokenizer, tasks = tiny_policy
     engine = ENGINES.get(engine_name)(model, tokenizer, torch.device("cpu"))
     executor = ToolExecutor(build_tools(MINIMIND_TOOL_NAMES), timeout_s=2.0, max_output_chars=512)
@@ -327,8 +328,6 @@ def test_torch_engine_drops_finished_rows_without_changing_the_others(tool_model
     """Turns of different lengths in one batch: the torch loop, whose batch shrinks as rows end, writes what
     generate writes under greedy decoding, and every log-prob it reports while sampling is its token's
     under a full forward pass of that row alone."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     model = AutoModelForCausalLM.from_pretrained(tool_model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(tool_model_dir)
     prompts = [
@@ -363,8 +362,6 @@ def test_torch_engine_prefills_only_what_a_turn_appended_until_the_weights_chang
     """The next call's prompts continue the last call's rows (their tokens, an observation, a new turn): the
     torch engine feeds only the appended tokens, and every log-prob it reports is its token's under a full
     forward pass. After the weights change and are synced, nothing computed by the old ones is reused."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     model = AutoModelForCausalLM.from_pretrained(tool_model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(tool_model_dir)
     engine = ENGINES.get("torch")(model, tokenizer, torch.device("cpu"))
@@ -403,8 +400,6 @@ def test_draw_samples_each_token_at_its_probability_and_never_a_zero():
     """The inverse-CDF draw the samplers use: frequencies over 200k draws match the probabilities (to
     0.005, about 4 standard errors), tokens of probability 0 (first, inner and last) never come up, and
     rows need not sum to 1."""
-    from minirl.inference.sampling import draw
-
     probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0])
     rows = 200_000
     tokens = draw((probs * 3).expand(rows, -1), torch.Generator().manual_seed(0))
@@ -417,9 +412,83 @@ def test_draw_samples_each_token_at_its_probability_and_never_a_zero():
 
 
 def test_draw_follows_its_generator():
-    from minirl.inference.sampling import draw
-
     probs = torch.rand(8, 50)
     first = draw(probs, torch.Generator().manual_seed(3))
     assert torch.equal(first, draw(probs, torch.Generator().manual_seed(3)))
     assert not torch.equal(first, draw(probs, torch.Generator().manual_seed(4)))
+
+
+def loop_as_first_written(model, prompts, params, end_id, pad_id, reuse, store):
+    """The torch engine's loop before the decoding loop took it over, kept as the reference for its draws:
+    one draw for the whole live batch from the global RNG each step, rows dropped once they end."""
+    completions = [([], []) for _ in prompts]
+    live = list(range(len(prompts)))
+    batch = CachedBatch(model, prompts, pad_id, reuse=reuse, store=store)
+    for step in range(params.max_new_tokens):
+        logprobs = warped(batch.logits, params.temperature, params.top_p, params.top_k).log_softmax(dim=-1)
+        tokens = draw(logprobs.exp())
+        logprobs = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+        for row, token, logprob in zip(live, tokens.tolist(), logprobs.tolist()):
+            completions[row][0].append(token)
+            completions[row][1].append(logprob)
+        going = tokens != end_id
+        if step == params.max_new_tokens - 1 or not going.any():
+            break
+        keep = None if going.all() else going.nonzero().squeeze(-1)
+        live = live if keep is None else [live[i] for i in keep.tolist()]
+        batch.step(tokens if keep is None else tokens[keep], keep)
+    batch.store_live_rows()
+    return completions
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "top_k"), [(1.5, 1.0, 0), (0.9, 0.9, 30)])
+def test_torch_engine_draws_what_its_first_loop_drew(tool_model_dir, temperature, top_p, top_k):
+    """Bit for bit, over two calls whose second continues the first (its prefill reuses the stored rows): the
+    rollout's tokens and log-probs do not depend on which decoding loop runs them."""
+    model = AutoModelForCausalLM.from_pretrained(tool_model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tool_model_dir)
+    engine = ENGINES.get("torch")(model, tokenizer, torch.device("cpu"))
+    sampling = SamplingParams(40, temperature, top_p, top_k)
+    prompts = [render(tokenizer, CONVERSATION[:2], [CALC_TOOL], add_generation_prompt=True)] * 3
+    prompts += [render(tokenizer, GREETING[:2], None, add_generation_prompt=True)] * 3
+    first, stored = PrefixStore(), PrefixStore()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        reference = loop_as_first_written(model, prompts, sampling, tokenizer.eos_token_id, engine.pad_id, None, first)
+    torch.manual_seed(0)
+    ours = engine.generate(prompts, sampling)
+    assert [(c.token_ids, c.logprobs) for c in ours] == [tuple(r) for r in reference]
+    assert len({len(c.token_ids) for c in ours}) > 1  # rows left the batch at different steps
+
+    observation = tokenizer.encode("<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n")
+    continued = [p + c.token_ids + observation for p, c in zip(prompts, ours)]
+    torch.manual_seed(1)
+    with torch.no_grad():
+        reference = loop_as_first_written(
+            model, continued, sampling, tokenizer.eos_token_id, engine.pad_id, first, stored
+        )
+    torch.manual_seed(1)
+    assert [(c.token_ids, c.logprobs) for c in engine.generate(continued, sampling)] == [tuple(r) for r in reference]
+
+
+def test_engines_end_a_turn_on_every_end_of_turn_token_of_the_generation_config(tool_model_dir):
+    """A checkpoint whose generation config lists a second end-of-turn token (here the greeting's fourth
+    token): the torch and HF engines both end the turn on it, as on the tokenizer's EOS."""
+    model = AutoModelForCausalLM.from_pretrained(tool_model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tool_model_dir)
+    prompt = render(tokenizer, GREETING[:2], None, add_generation_prompt=True)
+    greedy = SamplingParams(64, temperature=0.0)
+    full = ENGINES.get("torch")(model, tokenizer, torch.device("cpu")).generate([prompt], greedy)[0].token_ids
+    assert full[-1] == tokenizer.eos_token_id and full[3] not in full[:3]
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, full[3]]
+    for name in ("torch", "hf"):
+        completion = ENGINES.get(name)(model, tokenizer, torch.device("cpu")).generate([prompt], greedy)[0]
+        assert completion.token_ids == full[:4] and completion.stopped, name
+
+
+@pytest.mark.parametrize("engine_name", ["hf", "torch"])
+def test_module_engines_refuse_stop_strings(tiny_policy, engine_name):
+    model, tokenizer, _ = tiny_policy
+    engine = ENGINES.get(engine_name)(model, tokenizer, torch.device("cpu"))
+    with pytest.raises(ValueError, match="end-of-turn tokens only"):
+        engine.generate([[1, 2, 3]], SamplingParams(4, stop=("</answer>",)))

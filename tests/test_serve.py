@@ -33,11 +33,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minirl.config import Config, EvalConfig, ProtocolConfig, ServeConfig
 from minirl.errors import ConfigError
 from minirl.evaluation.backends import OpenAIBackend
+from minirl.inference.loop import StopReason
+from minirl.inference.sampling import SamplingParams
 from minirl.protocol.chat import render
 from minirl.protocol.parsing import parse_turn
 from minirl.serving.app import ServedModel, create_app
 from minirl.serving.auth import API_KEY_ENV, is_loopback, resolve_api_key
-from minirl.serving.decoder import Decoder, DecodeRow, RowResult, SamplingSpec, StopReason
+from minirl.serving.decoder import Decoder, DecodeRow, RowResult
 from minirl.serving.scheduler import Scheduler
 from minirl.serving.turn_splitter import Channel, TurnSplitter
 from minirl.tools import ToolExecutor, build_tools
@@ -148,7 +150,7 @@ def tool_model(tool_model_dir):
     return model, AutoTokenizer.from_pretrained(tool_model_dir)
 
 
-def decode(tool_model, rows: list[tuple[list[dict], SamplingSpec]], sinks=None) -> list[RecordingSink]:
+def decode(tool_model, rows: list[tuple[list[dict], SamplingParams]], sinks=None) -> list[RecordingSink]:
     model, tokenizer = tool_model
     sinks = sinks or [RecordingSink() for _ in rows]
     prompts = [render(tokenizer, messages, [CALC_TOOL] if messages is QUESTION else None, True) for messages, _ in rows]
@@ -160,7 +162,7 @@ def decode(tool_model, rows: list[tuple[list[dict], SamplingSpec]], sinks=None) 
 
 def test_batched_kv_cache_decoding_matches_generate(tool_model):
     model, tokenizer = tool_model
-    rows = [(GREETING_PROMPT, SamplingSpec(64, temperature=0)), (QUESTION, SamplingSpec(64, temperature=0))]
+    rows = [(GREETING_PROMPT, SamplingParams(64, temperature=0)), (QUESTION, SamplingParams(64, temperature=0))]
     sinks = decode(tool_model, rows)  # prompts of different lengths: left padding must not matter
     for (messages, _), sink in zip(rows, sinks):
         prompt = render(tokenizer, messages, [CALC_TOOL] if messages is QUESTION else None, True)
@@ -171,7 +173,7 @@ def test_batched_kv_cache_decoding_matches_generate(tool_model):
 
 
 def test_rows_stop_at_their_own_stop_strings_and_max_tokens(tool_model):
-    greedy = partial(SamplingSpec, temperature=0)
+    greedy = partial(SamplingParams, temperature=0)
     rows = [
         (GREETING_PROMPT, greedy(64, stop=("How", "xyz"))),
         (GREETING_PROMPT, greedy(3)),
@@ -184,16 +186,34 @@ def test_rows_stop_at_their_own_stop_strings_and_max_tokens(tool_model):
 
 
 def test_a_seeded_row_samples_the_same_tokens_whatever_its_batch(tool_model):
-    seeded = (GREETING_PROMPT, SamplingSpec(64, temperature=1.5, seed=7))
+    seeded = (GREETING_PROMPT, SamplingParams(64, temperature=1.5, seed=7))
     alone = decode(tool_model, [seeded])[0].result
-    others = [(QUESTION, SamplingSpec(64, temperature=1.5)), (GREETING_PROMPT, SamplingSpec(5, temperature=1.0))]
+    others = [(QUESTION, SamplingParams(64, temperature=1.5)), (GREETING_PROMPT, SamplingParams(5, temperature=1.0))]
     batched = decode(tool_model, [others[0], seeded, others[1]])[1].result
     assert batched == alone
 
 
+def test_a_row_ends_on_every_end_of_turn_token_of_the_generation_config(tool_model):
+    """The decoder ends a turn as the rollout engines do (`end_of_turn_ids`): on a token the generation config
+    lists next to the tokenizer's EOS (here the greeting's fourth token), which stays out of the text."""
+    model, tokenizer = tool_model
+    prompt = render(tokenizer, GREETING_PROMPT, None, True)
+    full = model.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)[0, len(prompt) :].tolist()
+    assert full[3] not in full[:3]
+    listed = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, full[3]]
+    try:
+        decoder = Decoder(model, tokenizer)
+    finally:
+        model.generation_config.eos_token_id = listed
+    sink = RecordingSink()
+    decoder.decode([DecodeRow(prompt, SamplingParams(64, temperature=0), sink)])
+    assert sink.result == RowResult(tokenizer.decode(full[:3]), StopReason.stop, 4)
+
+
 def test_a_cancelled_row_stops_and_the_others_go_on(tool_model):
     sinks = [RecordingSink(cancel_after=2), RecordingSink()]
-    rows = [(QUESTION, SamplingSpec(64, temperature=0)), (GREETING_PROMPT, SamplingSpec(64, temperature=0))]
+    rows = [(QUESTION, SamplingParams(64, temperature=0)), (GREETING_PROMPT, SamplingParams(64, temperature=0))]
     cancelled, finished = (sink.result for sink in decode(tool_model, rows, sinks))
     assert cancelled.finish_reason is StopReason.cancelled and cancelled.completion_tokens < 10
     assert finished.text == GREETING[2]["content"]

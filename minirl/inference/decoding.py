@@ -1,13 +1,14 @@
 """Forward passes that reuse a KV cache instead of recomputing what rows share.
 
-`CachedBatch`: step-wise decoding of a batch of prompts on one KV cache, the core of the `torch` rollout
-engine and of the server's decoder. The distinct prompts are encoded in one prefill (`prefill`), only past
-what a `PrefixStore` holds for them; every later step feeds each live row its last token, with an explicit
-attention mask and position ids so padding never shifts a row's positions. Rows that finish leave the
-batch, and the cache is compacted once a quarter of its rows have left, so the remaining steps cost about
-the live rows. A step runs on `minirl.inference.llama_family.LlamaFamilyDecoder` (a preallocated cache, the model's
-submodules called directly) for Llama-family models and on the model's own forward
-(`TransformersDecoder`) for the others.
+`CachedBatch`: step-wise decoding of a batch of prompts on one KV cache, under the decoding loop
+(`minirl.inference.loop.DecodeLoop`) that the `torch` rollout engine and the server's decoder consume. The
+distinct prompts are encoded in one prefill (`prefill`), only past what a `PrefixStore` holds for them;
+every later step feeds each live row its last token, with an explicit attention mask and position ids so
+padding never shifts a row's positions. Rows that finish leave the batch, and the cache is compacted once a
+quarter of its rows have left, so the remaining steps cost about the live rows; rows admitted between steps
+are prefilled on their own and their cache joins the batch's (`CachedBatch.admit`). A step runs on
+`minirl.inference.llama_family.LlamaFamilyDecoder` (a preallocated cache, the model's submodules called
+directly) for Llama-family models and on the model's own forward (`TransformersDecoder`) for the others.
 
 `prompt_shared_logits`: the trainer's forward over whole trajectories, with each group's prompt, which
 its rows share, encoded once.
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from minirl.inference.llama_family import LlamaFamilyDecoder, supports
+from minirl.inference.llama_family import LlamaFamilyDecoder, left_padded_columns, supports
 
 
 def cache_argument(model) -> str:
@@ -144,6 +145,21 @@ class TransformersDecoder:
         self.cache.batch_select_indices(rows)
         self.attention = self.attention[rows]
 
+    def join(self, cache: DynamicCache, attention: torch.Tensor) -> None:
+        """Add the rows of another prefill (its DynamicCache and [N, P] 0/1 mask) after the current ones, the
+        narrower side with masked columns in front (see `LlamaFamilyDecoder.join`)."""
+        width = max(self.attention.shape[1], attention.shape[1])
+        for mine, theirs in zip(self.cache.layers, cache.layers):
+            mine.keys = torch.cat(
+                [left_padded_columns(mine.keys, width, 2), left_padded_columns(theirs.keys, width, 2)]
+            )
+            mine.values = torch.cat(
+                [left_padded_columns(mine.values, width, 2), left_padded_columns(theirs.values, width, 2)]
+            )
+        self.attention = torch.cat(
+            [left_padded_columns(self.attention, width, 1), left_padded_columns(attention, width, 1)]
+        )
+
     def row_cache(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Row `row`'s keys and values per layer, [kv_heads, tokens it attends to, head_dim] each."""
         used = self.attention[row].bool()
@@ -166,7 +182,8 @@ class TransformersDecoder:
 
 class CachedBatch:
     """Prompts decoding together on `model` (an eval-mode causal LM); `logits` holds the live rows'
-    next-token logits, [B, V] float32, B = rows still in the batch, in their original order.
+    next-token logits, [B, V] float32, B = rows still in the batch, in their original order (rows admitted
+    later after them, in the order admitted).
 
     A row that leaves stays in the cache, fed padding, until a quarter of the rows have left: then the
     cache is compacted to the live rows (one copy for many rows, not one per row). With `reuse`, a prompt
@@ -178,6 +195,7 @@ class CachedBatch:
         self, model, prompts: list[list[int]], pad_id: int,
         reuse: PrefixStore | None = None, store: PrefixStore | None = None,
     ) -> None:  # fmt: skip
+        self.model = model
         self.device = next(model.parameters()).device
         self.pad_id = pad_id
         cache = DynamicCache()  # filled in place by the prefill
@@ -216,6 +234,24 @@ class CachedBatch:
         logits = self.decoder.step(tokens, self.positions)  # [R, V]
         self.logits = logits if self.live_index is None else logits[self.live_index]
         return self.logits
+
+    def admit(self, prompts: list[list[int]], reuse: PrefixStore | None = None) -> None:
+        """Add rows for `prompts` (none empty) after the live ones; `logits` gains their rows at its end. The
+        cache is first compacted to the live rows; the new rows are prefilled on their own (reusing what
+        `reuse` holds for them) and their cache joins the batch's, so each row's logits are the ones it gets
+        decoding alone, up to the rounding of batched matrix products."""
+        if self.live_index is not None:
+            self._compact()
+            self.live_index = None
+        cache = DynamicCache()
+        attention, logits = prefill(self.model, cache, list(map(tuple, prompts)), self.pad_id, reuse)
+        self.decoder.join(cache, attention)
+        last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
+        self.positions = torch.cat([self.positions, last])
+        self.logits = torch.cat([self.logits, logits])
+        self.live = list(range(len(self.positions)))
+        if self.fed is not None:
+            self.fed += [list(p) for p in prompts]
 
     def _compact(self) -> None:
         live = torch.tensor(self.live, device=self.device)

@@ -18,6 +18,13 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 FAMILIES = frozenset({"llama", "qwen2", "qwen3"})
 
 
+def left_padded_columns(columns: torch.Tensor, width: int, axis: int) -> torch.Tensor:
+    """`columns` with zero (False) columns put in front along `axis` until it is `width` wide."""
+    shape = list(columns.shape)
+    shape[axis] = width - shape[axis]
+    return torch.cat([columns.new_zeros(shape), columns], dim=axis)
+
+
 def supports(model) -> bool:
     """True for a Llama-family model (SiLU MLP, rotary positions) whose layers all attend to the full context."""
     config = model.config
@@ -57,6 +64,22 @@ class LlamaFamilyDecoder:
         self.keys = [k[rows] for k in self.keys]
         self.values = [v[rows] for v in self.values]
         self.attention = self.attention[rows]
+
+    def join(self, cache: DynamicCache, attention: torch.Tensor) -> None:
+        """Add the rows of another prefill (its DynamicCache and [N, P] 0/1 mask) after the current ones. The
+        narrower side gets masked columns in front, so both sides write their next token to the same column;
+        a row's positions are its own (they are passed to every step), so the shift changes no logit."""
+        width = max(self.width, attention.shape[1])
+
+        def joined(mine: torch.Tensor, theirs: torch.Tensor, axis: int) -> torch.Tensor:
+            mine = mine.narrow(axis, 0, self.width)
+            both = [left_padded_columns(mine, width, axis), left_padded_columns(theirs, width, axis)]
+            return self._widened(torch.cat(both, dim=0))
+
+        self.keys = [joined(k, layer.keys, 2) for k, layer in zip(self.keys, cache.layers)]
+        self.values = [joined(v, layer.values, 2) for v, layer in zip(self.values, cache.layers)]
+        self.attention = joined(self.attention, attention.bool(), 1)
+        self.width = width
 
     def row_cache(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Row `row`'s keys and values per layer, [kv_heads, tokens it attends to, head_dim] each."""

@@ -1,13 +1,19 @@
-"""Top-k / top-p filtering shared by the trainer's log-prob recomputation and the samplers, and the draw
-the samplers make from the filtered distribution."""
+"""How a row samples: `SamplingParams`, the one spelling of the sampling settings for the rollout engines,
+the server and the trainer's log-probs; the top-k / top-p filter (`warped`) they all apply; and the draw
+(`sample_tokens`, `draw`) the decoding loop makes from the filtered distribution."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from minirl.config import GREEDY_BELOW
+
+if TYPE_CHECKING:
+    from minirl.config import RolloutConfig
 
 
 def is_greedy(temperature: float) -> bool:
@@ -63,3 +69,54 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
     cdf = cdf / cdf[:, -1:]
     u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)  # [B, 1] in [0, 1)
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)
+
+
+@dataclass
+class SamplingParams:
+    """How one row samples and when it stops. temperature 0 (or below GREEDY_BELOW, minirl/config.py) = greedy.
+
+    `seed` seeds the draws. A rollout engine seeds the global torch RNG with it once per generate call, so
+    every prompt of the call draws from that one stream; the server gives each of its rows a torch.Generator
+    of its own, seeded with it (None: a fresh random seed), so a seeded row draws the same tokens whatever it
+    is batched with. `stop` is text: the server ends a row's text before the first occurrence of any of them
+    (and vLLM's rollouts take them); the module engines, which work on tokens only, refuse them."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, cfg: RolloutConfig, temperature: float, seed: int | None = None) -> SamplingParams:
+        """The rollout's per-turn token limit, top-p and top-k at `temperature`."""
+        return cls(cfg.max_new_tokens, temperature, cfg.top_p, cfg.top_k, seed)
+
+    @property
+    def greedy(self) -> bool:
+        return is_greedy(self.temperature)
+
+    def logprobs(
+        self,
+        logits: torch.Tensor,  # [..., V]
+        kept: torch.Tensor | None = None,  # [...] a token id per row that stays in whatever the filter says
+    ) -> torch.Tensor:  # [..., V]
+        """Log-probs of the distribution a row with these settings draws from: `warped` (temperature, then
+        top-k and top-p), renormalised; under greedy decoding the raw logits' log-softmax, as generate scores
+        it. What the sampler reports and what the trainer recomputes (`kept`: see `warped`)."""
+        if self.greedy:
+            return logits.log_softmax(dim=-1)
+        return warped(logits, self.temperature, self.top_p, self.top_k, kept).log_softmax(dim=-1)
+
+
+def sample_tokens(
+    logits: torch.Tensor,  # [B, V] float32
+    params: SamplingParams,
+    generator: torch.Generator | None = None,  # None: the global torch RNG
+) -> tuple[torch.Tensor, torch.Tensor]:  # [B] tokens, [B] their log-probs
+    """One token per row of `logits` and its log-prob under the distribution it was drawn from
+    (`SamplingParams.logprobs`): the argmax under greedy decoding, else one `draw` for the whole batch."""
+    logprobs = params.logprobs(logits)  # [B, V]
+    tokens = logits.argmax(dim=-1) if params.greedy else draw(logprobs.exp(), generator)  # [B]
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)

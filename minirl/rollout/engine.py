@@ -1,4 +1,5 @@
-"""The rollout-engine interface and its registry."""
+"""The rollout-engine interface and its registry. Sampling settings are `minirl.inference.sampling.SamplingParams`
+(re-exported here); a turn ends on any of `minirl.inference.loop.end_of_turn_ids`."""
 
 from __future__ import annotations
 
@@ -7,26 +8,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from minirl.inference.loop import end_of_turn_ids
+from minirl.inference.sampling import SamplingParams
 from minirl.registry import Registry
 
 if TYPE_CHECKING:
     from minirl.config import RolloutConfig
 
-
-@dataclass
-class SamplingParams:
-    """Sampling for one generate call. temperature 0 (or below GREEDY_BELOW, minirl/config.py) = greedy."""
-
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    seed: int | None = None
-
-    @classmethod
-    def from_config(cls, cfg: RolloutConfig, temperature: float, seed: int | None = None) -> SamplingParams:
-        """The rollout's per-turn token limit, top-p and top-k at `temperature`."""
-        return cls(cfg.max_new_tokens, temperature, cfg.top_p, cfg.top_k, seed)
+__all__ = ["ENGINES", "Completion", "Engine", "ModuleEngine", "SamplingParams", "build_engine"]
 
 
 @dataclass
@@ -35,7 +24,7 @@ class Completion:
 
     token_ids: list[int]  # [T] sampled tokens, the end-of-turn token included when produced
     logprobs: list[float]  # [T] log-prob of each sampled token under the distribution it was drawn from
-    stopped: bool  # True if it ended with the end-of-turn token, False if it hit max_new_tokens
+    stopped: bool  # True if it ended with an end-of-turn token, False if it hit max_new_tokens
 
 
 class Engine(Protocol):
@@ -48,19 +37,24 @@ class Engine(Protocol):
 
 class ModuleEngine:
     """Base of the engines that sample on the trained module itself (CPU or one GPU): a weight sync has
-    nothing to copy, and the module samples in eval mode, then goes back to the mode it was in."""
+    nothing to copy, and the module samples in eval mode, then goes back to the mode it was in. They work
+    on tokens only: text stop strings (`SamplingParams.stop`) are refused."""
 
     def __init__(self, model, tokenizer, device: torch.device, **_: object) -> None:
         self.model = model
         self.device = device
-        self.eos_id = tokenizer.eos_token_id
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        self.end_ids = end_of_turn_ids(tokenizer, model)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def sync_weights(self, model) -> None:
         self.model = model
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        if params.stop:
+            raise ValueError(
+                f"{type(self).__name__} stops on end-of-turn tokens only, not on the stop strings {params.stop}"
+            )
         if not prompts:
             return []
         if params.seed is not None:

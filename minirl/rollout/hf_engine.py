@@ -1,4 +1,5 @@
-"""Rollouts with Hugging Face `generate` on the policy module itself (CPU or one GPU)."""
+"""Rollouts with Hugging Face `generate` on the policy module itself (CPU or one GPU); a turn ends on any of
+`minirl.inference.loop.end_of_turn_ids`, as in the other engines."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class HFEngine(ModuleEngine):
         }  # fmt: skip
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
-            eos_token_id=self.eos_id,
+            eos_token_id=sorted(self.end_ids),
             pad_token_id=self.pad_id,
             output_scores=True,
             return_dict_in_generate=True,
@@ -39,7 +40,7 @@ class HFEngine(ModuleEngine):
         completions = []
         for row in range(len(prompts)):
             tokens = new_tokens[row].tolist()
-            stopped = self.eos_id in tokens
-            n = tokens.index(self.eos_id) + 1 if stopped else len(tokens)
-            completions.append(Completion(tokens[:n], logprobs[row, :n].tolist(), stopped))
+            ends = [i for i, token in enumerate(tokens) if token in self.end_ids]
+            n = ends[0] + 1 if ends else len(tokens)  # generate pads a finished row to the longest
+            completions.append(Completion(tokens[:n], logprobs[row, :n].tolist(), bool(ends)))
         return completions

@@ -3,7 +3,8 @@
 Needs `pip install -e ".[vllm]"` and a CUDA GPU. The engine runs in-process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0) so weights can be loaded straight into its model after
 every update; log-probs are requested in `processed_logprobs` mode, i.e. under the
-temperature / top-k / top-p distribution actually sampled from, as the HF engine reports them.
+temperature / top-k / top-p distribution actually sampled from, as the HF engine reports them. A turn ends
+on any of `minirl.inference.loop.end_of_turn_ids` (and on `SamplingParams.stop`, which vLLM takes).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 
 from minirl.errors import ConfigError
+from minirl.inference.loop import end_of_turn_ids
 from minirl.rollout.engine import ENGINES, Completion, SamplingParams
 
 
@@ -18,12 +20,12 @@ from minirl.rollout.engine import ENGINES, Completion, SamplingParams
 class VLLMEngine:
     def __init__(self, model, tokenizer, device, model_path: str, gpu_memory_utilization: float = 0.4, **_: object):
         try:
-            import vllm
+            import vllm  # an optional extra, on CUDA only: imported when this engine is chosen
         except ImportError as err:
             raise ConfigError('rollout=vllm needs vLLM: pip install -e ".[vllm]"') from err
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self._vllm = vllm
-        self.eos_id = tokenizer.eos_token_id
+        self.end_ids = end_of_turn_ids(tokenizer, model)
         self.llm = vllm.LLM(
             model=model_path,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -44,7 +46,8 @@ class VLLMEngine:
             top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else -1,
             max_tokens=params.max_new_tokens,
-            stop_token_ids=[self.eos_id],
+            stop_token_ids=sorted(self.end_ids),
+            stop=list(params.stop) or None,
             logprobs=0,  # the sampled token's log-prob only
             seed=params.seed,
         )

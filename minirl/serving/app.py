@@ -27,10 +27,11 @@ from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 
 from minirl.config import ProtocolConfig, ServeConfig
+from minirl.inference.loop import StopReason
+from minirl.inference.sampling import SamplingParams
 from minirl.protocol.chat import render
 from minirl.protocol.parsing import ParsedTurn, parse_turn
 from minirl.serving.auth import BearerAuth
-from minirl.serving.decoder import SamplingSpec, StopReason
 from minirl.serving.openai_api import (
     APIError,
     ChatCompletionRequest,
@@ -103,7 +104,7 @@ def create_app(
         except TemplateError as err:
             raise APIError(400, f"the chat template rejects these messages: {err}", "messages") from None
         max_tokens = _max_tokens(body, len(prompt), served.context_length, serve.max_tokens)
-        job = Job(prompt, _sampling_specs(body, max_tokens))
+        job = Job(prompt, _sampling(body, max_tokens))
         _submit(scheduler, job)
         read_calls = _call_reader(protocol, tools) if calls else None
         splitters = [TurnSplitter(read_calls) for _ in range(body.n)]
@@ -135,11 +136,12 @@ def _max_tokens(body: ChatCompletionRequest, prompt_tokens: int, context_length:
     return asked
 
 
-def _sampling_specs(body: ChatCompletionRequest, max_tokens: int) -> list[SamplingSpec]:
-    """One spec per choice; the n choices of a seeded request get seeds seed, seed + 1, ... so they differ."""
+def _sampling(body: ChatCompletionRequest, max_tokens: int) -> list[SamplingParams]:
+    """One SamplingParams per choice; the n choices of a seeded request get seeds seed, seed + 1, ... so they
+    differ."""
     return [
-        SamplingSpec(
-            max_tokens=max_tokens,
+        SamplingParams(
+            max_new_tokens=max_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
             top_k=max(body.top_k, 0),

@@ -1,8 +1,10 @@
-"""Batched step-wise decoding with a KV cache: the server's sampler.
+"""The server's sampler: each request row decoded through the decoding loop (`minirl.inference.loop`), with
+its text streamed to a sink.
 
-`Decoder.decode(rows)` decodes a fixed set of rows together on one KV cache (`minirl.inference.decoding`). A row
-finishes on an end-of-turn token, on one of its stop strings, at its own max_tokens, or when its sink
-reports the request cancelled; finished rows leave the batch and the KV cache at once.
+`Decoder.decode(rows)` admits a fixed set of rows into one `DecodeLoop` and steps it to the end. A row
+finishes on an end-of-turn token (`end_of_turn_ids`: the tokenizer's EOS and the model's generation-config
+ones), on one of its stop strings, at its own max_new_tokens, or when its sink reports the request
+cancelled; finished rows leave the batch and the KV cache at once.
 
 Each row samples with its own temperature (0, or below 1e-5 as in vLLM, = greedy), top-p and top-k
 (filtered as the trainer assumes: `minirl.inference.sampling`) and its own torch.Generator, so a seeded row draws
@@ -18,33 +20,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 from typing import Protocol
 
 import torch
 
-from minirl.inference.decoding import CachedBatch
-from minirl.inference.sampling import draw, is_greedy, warped
+from minirl.inference.loop import DecodeLoop, RowRequest, StopReason, end_of_turn_ids
+from minirl.inference.sampling import SamplingParams
 
 INCOMPLETE_CHAR = "\ufffd"  # what the byte-level decoder writes for a UTF-8 character cut short
-
-
-@dataclass
-class SamplingSpec:
-    """How one row samples and when it stops."""
-
-    max_tokens: int
-    temperature: float = 1.0  # 0 (or below GREEDY_BELOW) = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    seed: int | None = None  # None = a fresh random seed
-    stop: tuple[str, ...] = ()  # the text ends before the first occurrence of any of them
-
-
-class StopReason(str, Enum):
-    stop = "stop"  # an end-of-turn token or a stop string
-    length = "length"  # max_tokens
-    cancelled = "cancelled"  # the sink asked to stop
 
 
 @dataclass
@@ -67,7 +50,7 @@ class RowSink(Protocol):
 @dataclass
 class DecodeRow:
     prompt: list[int]
-    sampling: SamplingSpec
+    sampling: SamplingParams  # its seed: None = a fresh random seed; its stop strings end its text
     sink: RowSink
 
 
@@ -82,40 +65,37 @@ def _partial_suffix(text: str, needles: Sequence[str]) -> int:
     return longest
 
 
-class _LiveRow:
-    """One row while it decodes: its tokens, how much text it has sent, its generator."""
+def _generator(sampling: SamplingParams, device: torch.device) -> torch.Generator | None:
+    """A sampled row's own generator, seeded with its seed or a fresh random one; None for a greedy row."""
+    if sampling.greedy:
+        return None
+    seed = random.getrandbits(64) if sampling.seed is None else sampling.seed % 2**64
+    return torch.Generator(device).manual_seed(seed)
 
-    def __init__(self, row: DecodeRow, tokenizer, end_ids: frozenset[int], device: torch.device) -> None:
+
+class _LiveRow:
+    """One row while it decodes: its tokens and how much text it has sent."""
+
+    def __init__(self, row: DecodeRow, tokenizer) -> None:
         self.row = row
         self.spec = row.sampling
         self.tokenizer = tokenizer
-        self.end_ids = end_ids
         self.tokens: list[int] = []
         self.sent = 0  # characters of the text already given to the sink
-        self.generator = None
-        if not is_greedy(self.spec.temperature):
-            seed = random.getrandbits(64) if self.spec.seed is None else self.spec.seed % 2**64
-            self.generator = torch.Generator(device).manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor) -> int:  # logits: [V] float32
-        spec = self.spec
-        if is_greedy(spec.temperature):
-            return int(logits.argmax())
-        probs = warped(logits, spec.temperature, spec.top_p, spec.top_k).softmax(-1)  # [V]
-        return int(draw(probs[None], self.generator))
-
-    def advance(self, token: int) -> bool:
-        """Take the sampled token; True when the row is finished (its sink has the result)."""
+    def advance(self, token: int, stop: StopReason | None) -> bool:
+        """Take the sampled token and why the loop ended the row with it (None: it did not); True when the row
+        is finished (its sink has the result)."""
         self.tokens.append(token)
         if self.row.sink.cancelled():
             return self._finish(self._decode(self.tokens), StopReason.cancelled)
-        if token in self.end_ids:
+        if stop is StopReason.stop:  # an end-of-turn token, not part of the text
             return self._finish(self._decode(self.tokens[:-1]), StopReason.stop)
         text = self._decode(self.tokens)
         cut = self._stop_at(text)
         if cut >= 0:
             return self._finish(text[:cut], StopReason.stop)
-        if len(self.tokens) >= self.spec.max_tokens:
+        if stop is StopReason.length:
             return self._finish(text, StopReason.length)
         settled = text.rstrip(INCOMPLETE_CHAR)
         self._send(text, len(settled) - _partial_suffix(settled, self.spec.stop))
@@ -148,27 +128,23 @@ class Decoder:
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.pad_id = tokenizer.pad_token_id
-        generation_eos = model.generation_config.eos_token_id
-        generation_eos = generation_eos if isinstance(generation_eos, list) else [generation_eos]
-        self.end_ids = frozenset(t for t in [tokenizer.eos_token_id, *generation_eos] if t is not None)
+        self.end_ids = end_of_turn_ids(tokenizer, model)
 
     @torch.no_grad()
     def decode(self, rows: list[DecodeRow]) -> None:
         """Decode `rows` to the end; every row's sink gets its text and then exactly one result."""
-        live = []
+        admitted = []
         for row in rows:
             if row.sink.cancelled():  # gave up while it waited for this batch
                 row.sink.done(RowResult("", StopReason.cancelled, 0))
             else:
-                live.append(_LiveRow(row, self.tokenizer, self.end_ids, self.device))
-        if not live:
-            return
-        batch = CachedBatch(self.model, [row.row.prompt for row in live], self.pad_id)
-        while True:
-            tokens = [row.sample(batch.logits[i]) for i, row in enumerate(live)]
-            keep = [i for i, (row, token) in enumerate(zip(live, tokens)) if not row.advance(token)]
-            if not keep:
-                return
-            dropped = len(keep) < len(live)
-            live, tokens = [live[i] for i in keep], [tokens[i] for i in keep]
-            batch.step(torch.tensor(tokens), torch.tensor(keep) if dropped else None)
+                admitted.append(row)
+        loop = DecodeLoop(self.model, self.pad_id, self.end_ids)
+        ids = loop.admit(
+            [RowRequest(row.prompt, row.sampling, _generator(row.sampling, self.device)) for row in admitted]
+        )
+        live = {id_: _LiveRow(row, self.tokenizer) for id_, row in zip(ids, admitted)}
+        while loop.rows:
+            for sampled in loop.step():
+                if live[sampled.row].advance(sampled.token, sampled.stop):
+                    loop.evict(sampled.row)  # a stop string or a cancellation: the loop did not end it

@@ -5,7 +5,9 @@ Batching policy (static batches, first come first served): requests wait in a bo
 takes every waiting request in arrival order while their rows fit in `serve.max_batch_size` (a request
 with n=k is k rows, and all of them go into the same batch), decodes them as one batch, and only then
 looks at the queue again: requests that arrive while a batch runs wait for the next one. A batch ends
-when its last row does; rows that finish early leave the batch (see `Decoder`).
+when its last row does; rows that finish early leave the batch (see `Decoder`). The decoding loop under the
+decoder admits rows between steps (`minirl.inference.loop.DecodeLoop`): continuous batching would hand it
+new requests' rows as others finish instead of waiting for the batch's last row.
 
 The request handlers live on the asyncio event loop and never wait on the worker: a `Job` carries its
 rows' output back to the loop through an asyncio queue, one event at a time.
@@ -21,7 +23,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from minirl.serving.decoder import DecodeRow, RowResult, SamplingSpec
+from minirl.inference.sampling import SamplingParams
+from minirl.serving.decoder import DecodeRow, RowResult
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +76,9 @@ class _JobRow:
 
 
 class Job:
-    """One request: one row per sampling spec, all with the same prompt. Create it on the event loop."""
+    """One request: one row per SamplingParams, all with the same prompt. Create it on the event loop."""
 
-    def __init__(self, prompt: list[int], samplings: list[SamplingSpec]) -> None:
+    def __init__(self, prompt: list[int], samplings: list[SamplingParams]) -> None:
         self.prompt = prompt
         self.samplings = samplings
         self._loop = asyncio.get_running_loop()
