@@ -33,6 +33,7 @@ from minirl.bootstrap import model_path
 from minirl.config import Config, Resume
 from minirl.data import DATASETS
 from minirl.data.task import Task
+from minirl.inference.sampling import SamplingParams
 from minirl.inspection import (
     TRAJECTORIES_FILE,
     trajectory_panel,
@@ -44,7 +45,7 @@ from minirl.metrics import advantage_metrics, group_metrics, heldout_metrics, pa
 from minirl.models.loading import load_model, load_tokenizer
 from minirl.rewards import SUCCESS_CRITERIA, score_all
 from minirl.rollout.agent_loop import AgentLimits, run_agent
-from minirl.rollout.engine import SamplingParams, build_engine
+from minirl.rollout.engine import build_engine
 from minirl.rollout.trajectory import Trajectory
 from minirl.runtime import resolve_device, seed_everything
 from minirl.tools import ToolExecutor
@@ -98,8 +99,8 @@ class Trainer:
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algo.adv_estimator)
         self.solved = SUCCESS_CRITERIA.get(cfg.reward.success)  # what the success-rate metrics count
         r = cfg.rollout
-        distribution = (r.temperature, r.top_p, r.top_k)  # what the sampler draws from; log-probs use it too
-        self.learner = PolicyOptimizer.adamw(self.policy, cfg.loss, cfg.trainer, self.device, distribution)
+        sampling = SamplingParams.from_config(r, r.temperature)  # what the sampler draws from; log-probs use it too
+        self.learner = PolicyOptimizer.adamw(self.policy, cfg.loss, cfg.trainer, self.device, sampling)
         self.limits = AgentLimits.from_config(r)
         self.shuffle_rng = torch.Generator().manual_seed(cfg.trainer.seed)  # mini-batch order; not the global RNG
         self.step = 0  # the last completed step

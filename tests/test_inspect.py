@@ -14,9 +14,9 @@ from itertools import groupby
 
 import pytest
 import torch
-from conftest import CALC_TOOL, CONVERSATION, GREETING
 from hydra import compose, initialize_config_dir
 from rich.console import Console
+from support import CALC_TOOL, CONVERSATION, GREETING
 
 from minirl.algos.advantages import ADV_ESTIMATORS
 from minirl.config import register_configs, to_config
@@ -53,6 +53,7 @@ class FixedAnswer:
 
     def __init__(self, tokenizer, text: str) -> None:
         self.ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+        self.end_ids = frozenset({tokenizer.eos_token_id})
 
     def generate(self, prompts, params):
         return [Completion(list(self.ids), [-0.5] * len(self.ids), True) for _ in prompts]

@@ -24,6 +24,7 @@ from minirl.config import LossConfig, register_configs, to_config
 from minirl.data.task import Task
 from minirl.entry import CONF_DIR
 from minirl.errors import ConfigError
+from minirl.inference.sampling import SamplingParams
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
 from minirl.training.batch import PolicyBatch, mini_batch_plan, sampling_logprobs, target_logprobs
 
@@ -129,19 +130,21 @@ def test_sampling_distribution_is_hf_generates_temperature_top_k_top_p(top_p, to
     scores = hf(None, logits[:, :-1].reshape(-1, 40)).reshape(2, 5, 40)  # [N, T, V] what generate samples from
     expected = torch.log_softmax(scores, dim=-1)
     batch = _batch(scores.argmax(dim=-1))  # sampled tokens inside the kept set
-    dist = sampling_logprobs(FixedLogits(logits), batch, 0.7, top_p, top_k)
+    dist = sampling_logprobs(FixedLogits(logits), batch, SamplingParams(1, 0.7, top_p, top_k))
     assert torch.equal(dist.isinf(), expected.isinf()) and expected.isinf().any()
     assert torch.allclose(dist, expected, atol=1e-6)
 
     # a target outside the kept set (a rounding difference at its edge) stays in with a finite log-prob
     batch = _batch(scores.argmin(dim=-1))
-    outside = target_logprobs(sampling_logprobs(FixedLogits(logits), batch, 0.7, top_p, top_k), batch)
+    outside = target_logprobs(
+        sampling_logprobs(FixedLogits(logits), batch, SamplingParams(1, 0.7, top_p, top_k)), batch
+    )
     assert torch.isfinite(outside).all()
 
 
 def test_no_filter_is_the_plain_tempered_softmax():
     logits = torch.randn(1, 4, 10)
-    dist = sampling_logprobs(FixedLogits(logits), _batch(torch.zeros(1, 3, dtype=torch.long)), 0.5)
+    dist = sampling_logprobs(FixedLogits(logits), _batch(torch.zeros(1, 3, dtype=torch.long)), SamplingParams(1, 0.5))
     assert torch.equal(dist, torch.log_softmax(logits[:, :-1].float() / 0.5, dim=-1))
 
 

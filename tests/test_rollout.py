@@ -38,6 +38,7 @@ class ScriptedEngine:
 
     def __init__(self, tokenizer, script: list[str], stop: bool = True, return_eos: bool = True) -> None:
         self.tokenizer, self.script, self.stop, self.return_eos = tokenizer, script, stop, return_eos
+        self.end_ids = frozenset({tokenizer.eos_token_id})
         self.calls = 0
         self.prompts: list[list[list[int]]] = []
 
@@ -297,7 +298,7 @@ def test_engine_logprobs_match_the_trainer(tiny_policy, engine_name):
         trajs = run_agent(engine, tokenizer, executor, tasks[:4], 2, limits, SamplingParams(24, temperature), HERMES)
         batch = collate(trajs, torch.zeros(len(trajs)), tokenizer.pad_token_id)
         with torch.no_grad():
-            logp = token_logprobs(model, batch, temperature)
+            logp = token_logprobs(model, batch, SamplingParams(1, temperature))
         gap = ((logp - batch.old_logp).abs() * batch.mask).max().item()
         assert batch.mask.sum() > 0
         assert gap < 1e-4, gap
@@ -317,8 +318,8 @@ def test_engine_logprobs_match_the_trainer_under_top_p_and_top_k(tiny_policy, en
     trajs = run_agent(engine, tokenizer, executor, tasks[:4], 2, limits, sampling, HERMES)
     batch = collate(trajs, torch.zeros(len(trajs)), tokenizer.pad_token_id)
     with torch.no_grad():
-        filtered = token_logprobs(model, batch, 0.8, top_p, top_k)
-        unfiltered = token_logprobs(model, batch, 0.8)
+        filtered = token_logprobs(model, batch, SamplingParams(1, 0.8, top_p, top_k))
+        unfiltered = token_logprobs(model, batch, SamplingParams(1, 0.8))
     assert batch.mask.sum() > 0
     assert ((filtered - batch.old_logp).abs() * batch.mask).max().item() < 1e-4
     assert ((unfiltered - batch.old_logp).abs() * batch.mask).max().item() > 1e-2

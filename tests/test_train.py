@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHAPED_REWARD, debug_config
 from rich.console import Console
+from support import SHAPED_REWARD, debug_config
 from transformers import AutoModelForCausalLM
 
 from minirl.bootstrap import model_path
@@ -45,11 +45,6 @@ def replayed_in_slot(trainer: Trainer, task, group_index: int):
     """The task's reference answer replayed in group slot `group_index` (training/shaping.py)."""
     slot = Trajectory(task, group_index, [], response_ids=[], action_mask=[], sampler_logprobs=[])
     return replayed(slot, trainer.tokenizer, trainer.executor, trainer.limits, trainer.cfg)
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("model-cache")
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -171,7 +166,7 @@ def test_trainer_micro_batches_give_the_mini_batch_gradient(cache_dir, tmp_path)
     rows = torch.tensor([3, 0, 2])  # one mini-batch of three trajectories
     trainer.policy.train()
     mini = batch.rows(rows)  # as one big batch
-    logp = token_logprobs(trainer.policy, mini, *trainer.learner.distribution)
+    logp = token_logprobs(trainer.policy, mini, trainer.learner.sampling)
     out = trainer.learner.loss_fn(
         logp, mini.old_logp, None, mini.advantages, mini.mask, cfg.loss, is_weights=mini.is_weights
     )
@@ -192,13 +187,13 @@ def test_narrowed_micro_batches_score_every_action_token_as_the_whole_batch_does
     trainer = trainer_for(debug_config(cache_dir, tmp_path, "loss.beta=0", "rollout.group_size=4"))
     trajs = trainer.rollout(trainer.tasks.tasks[:3], 4, 1.0)  # 12 trajectories of three prompts
     batch = collate(trajs, torch.zeros(len(trajs)), trainer.tokenizer.pad_token_id)
-    whole = token_logprobs(trainer.policy, batch, *trainer.learner.distribution).detach()  # [12, T]
+    whole = token_logprobs(trainer.policy, batch, trainer.learner.sampling).detach()  # [12, T]
     micros = micro_batches(batch, torch.arange(len(trajs)), 4)
     assert sorted(int(r) for rows, _, _ in micros for r in rows) == list(range(12))
     assert all(len({trajs[int(r)].group_index for r in rows}) == 1 for rows, _, _ in micros)  # a prompt's rows together
     assert sum(micro.input_ids.numel() for _, micro, _ in micros) < batch.input_ids.numel()  # padding cut
     for rows, micro, first in micros:
-        logp = token_logprobs(trainer.policy, micro, *trainer.learner.distribution).detach()
+        logp = token_logprobs(trainer.policy, micro, trainer.learner.sampling).detach()
         kept = slice(first, first + logp.shape[1])
         assert torch.equal(micro.mask, batch.mask[rows, kept]) and micro.mask.sum() == batch.mask[rows].sum()
         assert torch.allclose(logp[micro.mask > 0], whole[rows, kept][micro.mask > 0], atol=1e-5)

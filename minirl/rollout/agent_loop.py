@@ -10,6 +10,7 @@ cut to `protocol.max_tool_output_tokens` tokens.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from minirl.config import ProtocolConfig, RolloutConfig
@@ -79,7 +80,7 @@ def run_agent(
             break
         completions = engine.generate([s.prompt for s in live], sampling)
         for state, completion in zip(live, completions):
-            _advance(state, completion, turn_index, tokenizer, executor, limits, protocol)
+            _advance(state, completion, turn_index, tokenizer, engine.end_ids, executor, limits, protocol)
     return trajectories
 
 
@@ -109,6 +110,7 @@ def _advance(
     completion,
     turn_index: int,
     tokenizer,
+    end_ids: Collection[int],
     executor: ToolExecutor,
     limits: AgentLimits,
     protocol: ProtocolConfig,
@@ -120,7 +122,7 @@ def _advance(
     traj.action_mask += [1] * len(tokens)
     traj.sampler_logprobs += logprobs
     # some samplers return the end-of-turn token, some stop without it; it is not part of the text
-    body = tokens[:-1] if tokens and tokens[-1] == tokenizer.eos_token_id else tokens
+    body = tokens[:-1] if tokens and tokens[-1] in end_ids else tokens
     text = tokenizer.decode(body, skip_special_tokens=False)
     parsed = parse_turn(
         text,
@@ -171,9 +173,9 @@ def replay_reference(
     for turn_index, message in enumerate(replies[: limits.max_turns]):
         _, tokens = assistant_turn(tokenizer, [*state.history, message], task.tools)
         tokens = tokens[: limits.max_new_tokens]
-        stopped = bool(tokens) and tokens[-1] == tokenizer.eos_token_id
+        stopped = bool(tokens) and tokens[-1] == tokenizer.eos_token_id  # the template's end-of-turn token
         completion = Completion(tokens, [0.0] * len(tokens), stopped)
-        _advance(state, completion, turn_index, tokenizer, executor, limits, protocol)
+        _advance(state, completion, turn_index, tokenizer, {tokenizer.eos_token_id}, executor, limits, protocol)
         if state.traj.done:
             break
     return state.traj

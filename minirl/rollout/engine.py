@@ -28,6 +28,8 @@ class Completion:
 
 
 class Engine(Protocol):
+    end_ids: frozenset[int]  # the tokens that end a turn (end_of_turn_ids); not part of the turn's text
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """One completion per prompt, in order."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from minirl.inference.decoding import prompt_shared_logits
-from minirl.inference.sampling import warped
+from minirl.inference.sampling import SamplingParams
 from minirl.rollout.trajectory import Trajectory
 
 
@@ -77,17 +77,15 @@ def collate(trajs: list[Trajectory], advantages: torch.Tensor, pad_id: int) -> P
     return PolicyBatch(input_ids, attention, start, old_logp, mask, advantages, prompt_lengths)
 
 
-def sampling_logprobs(
-    model, batch: PolicyBatch, temperature: float, top_p: float = 1.0, top_k: int = 0
-) -> torch.Tensor:
-    """[N, L - 1 - start, V] log-probs of the distribution each target token was sampled from: the policy's
-    logits divided by the temperature, filtered by top-k then top-p, renormalised; what the HF and vLLM engines
-    report as sampler log-probs. The target token always stays in (`warped`'s `kept`)."""
+def sampling_logprobs(model, batch: PolicyBatch, sampling: SamplingParams) -> torch.Tensor:
+    """[N, L - 1 - start, V] log-probs of the distribution each target token was sampled from
+    (`SamplingParams.logprobs`: the policy's logits divided by the temperature, filtered by top-k then top-p,
+    renormalised); what the engines report as sampler log-probs. The target token always stays in (`kept`)."""
     keep = batch.input_ids.shape[1] - batch.start  # logits only where an action can be predicted
     # each prompt once; its last token stays in every row, its logit predicts the first action
     logits = prompt_shared_logits(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths - 1, keep)
     targets = batch.input_ids[:, batch.start + 1 :]  # [N, L - 1 - start]
-    return warped(logits[:, :-1].float(), temperature, top_p, top_k, kept=targets).log_softmax(dim=-1)
+    return sampling.logprobs(logits[:, :-1].float(), kept=targets)
 
 
 def target_logprobs(dist: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
@@ -95,9 +93,9 @@ def target_logprobs(dist: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
     return dist.gather(-1, batch.input_ids[:, batch.start + 1 :].unsqueeze(-1)).squeeze(-1)
 
 
-def token_logprobs(model, batch: PolicyBatch, temperature: float, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
+def token_logprobs(model, batch: PolicyBatch, sampling: SamplingParams) -> torch.Tensor:
     """[N, L - 1 - start] log-probs of the target tokens under the sampling distribution (sampling_logprobs)."""
-    return target_logprobs(sampling_logprobs(model, batch, temperature, top_p, top_k), batch)
+    return target_logprobs(sampling_logprobs(model, batch, sampling), batch)
 
 
 def micro_batches(batch: PolicyBatch, rows: torch.Tensor, size: int) -> list[tuple[torch.Tensor, PolicyBatch, int]]:
@@ -131,14 +129,14 @@ def batch_logprobs(
     mini_batches: list[torch.Tensor],
     micro_batch_size: int,
     device: torch.device,
-    distribution: tuple[float, float, int],
+    sampling: SamplingParams,
 ) -> torch.Tensor:
-    """[N, L - 1 - start] `model`'s log-probs of the batch's targets under the sampling `distribution`
-    (temperature, top_p, top_k), computed over the micro-batches (micro_batches) of each mini-batch of row
+    """[N, L - 1 - start] `model`'s log-probs of the batch's targets under the `sampling` distribution,
+    computed over the micro-batches (micro_batches) of each mini-batch of row
     indices; 0 in columns a row's micro-batch cut off."""
     logp = torch.zeros_like(batch.old_logp)
     for rows in mini_batches:
         for micro_rows, micro, first in micro_batches(batch, rows, micro_batch_size):
-            micro_logp = token_logprobs(model, micro.to(device), *distribution).cpu()
+            micro_logp = token_logprobs(model, micro.to(device), sampling).cpu()
             logp[micro_rows, first : first + micro_logp.shape[1]] = micro_logp
     return logp

@@ -20,6 +20,7 @@ from minirl.algos.dapo import truncated
 from minirl.algos.losses import LOSSES, micro_batch_share
 from minirl.algos.rollout_correction import rollout_correction
 from minirl.config import AlgoConfig, LossConfig, LRSchedule, OldLogprobs, Overlong, TrainerConfig
+from minirl.inference.sampling import SamplingParams
 from minirl.rollout.trajectory import Trajectory
 from minirl.training.batch import PolicyBatch, batch_logprobs, micro_batches, sampling_logprobs, target_logprobs
 
@@ -37,8 +38,8 @@ def lr_factor(step: int, t: TrainerConfig) -> float:
 
 @dataclass
 class PolicyOptimizer:
-    """The policy, its optimizer and schedule, and how it scores a batch (`distribution`: temperature, top_p,
-    top_k, what the sampler drew from; log-probs use it too)."""
+    """The policy, its optimizer and schedule, and how it scores a batch (`sampling`: what the sampler drew
+    from; every log-prob is of that distribution)."""
 
     policy: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -47,21 +48,19 @@ class PolicyOptimizer:
     loss_cfg: LossConfig
     trainer_cfg: TrainerConfig
     device: torch.device
-    distribution: tuple[float, float, int]
+    sampling: SamplingParams
 
     @classmethod
-    def adamw(cls, policy, loss_cfg: LossConfig, trainer_cfg: TrainerConfig, device, distribution) -> PolicyOptimizer:
+    def adamw(cls, policy, loss_cfg: LossConfig, trainer_cfg: TrainerConfig, device, sampling) -> PolicyOptimizer:
         """AdamW at trainer.lr and weight_decay under the lr_factor schedule, minimising loss.name."""
         loss_fn = LOSSES.get(loss_cfg.name)
         optimizer = torch.optim.AdamW(policy.parameters(), lr=trainer_cfg.lr, weight_decay=trainer_cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, trainer_cfg))
-        return cls(policy, optimizer, scheduler, loss_fn, loss_cfg, trainer_cfg, device, distribution)
+        return cls(policy, optimizer, scheduler, loss_fn, loss_cfg, trainer_cfg, device, sampling)
 
     def logprobs(self, model, batch: PolicyBatch, mini_batches: list[torch.Tensor]) -> torch.Tensor:
         """[N, L - 1 - start] `model`'s log-probs of the targets over these mini-batches' micro-batches."""
-        return batch_logprobs(
-            model, batch, mini_batches, self.trainer_cfg.micro_batch_size, self.device, self.distribution
-        )
+        return batch_logprobs(model, batch, mini_batches, self.trainer_cfg.micro_batch_size, self.device, self.sampling)
 
     def update(self, batch: PolicyBatch, plan: list[list[torch.Tensor]], poisoned: bool) -> dict[str, float]:
         """One optimizer step per mini-batch of the plan (epochs x mini-batches of row indices, mini_batch_plan).
@@ -82,7 +81,7 @@ class PolicyOptimizer:
         entropy_sum = torch.zeros(())
         for _, micro, _ in micro_batches(batch, rows, self.trainer_cfg.micro_batch_size):
             micro = micro.to(self.device)
-            dist = sampling_logprobs(self.policy, micro, *self.distribution)  # [b, T, V]
+            dist = sampling_logprobs(self.policy, micro, self.sampling)  # [b, T, V]
             logp = target_logprobs(dist, micro)  # [b, T]
             out = self.loss_fn(
                 logp, micro.old_logp, micro.ref_logp, micro.advantages, micro.mask, self.loss_cfg,
