@@ -1,57 +1,18 @@
-"""Shared fixtures: the real tiny tokenizer and the third-party chat templates."""
+"""Shared fixtures: the real tiny tokenizer, the third-party chat templates, small memorising models, a model
+cache, a served model. Constants, config builders and fakes are in support.py."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
+# test_rollout.py and test_serve.py still import these from conftest
+from support import CALC_TOOL, CONVERSATION, GREETING, start_server, third_party_template  # noqa: F401
+
 from minirl.config import TinyModelConfig
 from minirl.models.tiny import build_tokenizer, render_texts
-from minirl.serving.launch import ServerProcess, launch_server
-
-REPO = Path(__file__).resolve().parents[1]
-TEMPLATES = REPO.parent / "shared" / "fixtures" / "chat_templates"
-
-CALC_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "calculate_math",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "e.g. 256 * 37"}},
-            "required": ["expression"],
-            "additionalProperties": False,
-        },
-    },
-}
-
-CONVERSATION = [
-    {"role": "system", "content": "You are a helpful assistant with tools."},
-    {"role": "user", "content": "What is 256 * 37 and 12 + 30?"},
-    {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": "call_0",
-                "type": "function",
-                "function": {"name": "calculate_math", "arguments": {"expression": "256 * 37"}},
-            },
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "calculate_math", "arguments": {"expression": "12 + 30"}},
-            },
-        ],
-    },
-    {"role": "tool", "tool_call_id": "call_0", "name": "calculate_math", "content": '{"result": "9472"}'},
-    {"role": "tool", "tool_call_id": "call_1", "name": "calculate_math", "content": '{"result": "42"}'},
-    {"role": "assistant", "content": "256 * 37 = 9472 and 12 + 30 = 42."},
-]
 
 
 @pytest.fixture(scope="session")
@@ -59,13 +20,6 @@ def tokenizer():
     """The project's real tokenizer type and template, trained on a small corpus."""
     corpus = render_texts([(CONVERSATION, [CALC_TOOL])] * 20)
     return build_tokenizer(TinyModelConfig(vocab_size=400), corpus)
-
-
-def third_party_template(name: str) -> str:
-    path = TEMPLATES / name
-    if not path.exists():
-        pytest.skip(f"third-party chat template fixtures not found at {TEMPLATES} (a user's clone has none)")
-    return path.read_text()
 
 
 @pytest.fixture(params=["own", "qwen2_5.jinja", "qwen3_coder.jinja"])
@@ -76,6 +30,12 @@ def any_template_tokenizer(request, tokenizer):
         tokenizer.chat_template = third_party_template(request.param)
     yield tokenizer
     tokenizer.chat_template = original
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One model cache for the session: each embedded tiny model (the debug one, a preset's) is built once."""
+    return tmp_path_factory.mktemp("model-cache")
 
 
 @pytest.fixture(scope="session")
@@ -94,13 +54,6 @@ def tiny_policy():
     model = build_model(cfg, tokenizer).eval()
     _, heldout = train_heldout_split(20, 8, seed=1)
     return model, tokenizer, heldout
-
-
-GREETING = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "Say hello."},
-    {"role": "assistant", "content": "<think>A greeting.</think>Hello! How can I help?"},
-]
 
 
 @pytest.fixture(scope="session")
@@ -126,39 +79,6 @@ def tool_model_dir(tmp_path_factory):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
-
-
-# the untrained debug model solves nothing, so under the default outcome reward every group ties and its
-# advantages are 0; tests that need the weights to move use MiniMind's shaped reward
-SHAPED_REWARD = "reward=minimind"
-
-
-def compose_config(cache_dir: Path, run_dir: Path, *overrides: str):
-    """The composed, validated config of `overrides`, building the tiny model in `cache_dir`, run in `run_dir`."""
-    from hydra import compose, initialize_config_dir
-
-    from minirl.config import register_configs, to_config
-    from minirl.entry import CONF_DIR
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = to_config(compose("config", overrides=[f"model.cache_dir={cache_dir}", *overrides]))
-    cfg.output_dir = str(run_dir)
-    return cfg
-
-
-def debug_config(cache_dir: Path, run_dir: Path, *overrides: str):
-    """The composed config of the debug preset (a very small tiny model, two steps) with `overrides`."""
-    return compose_config(cache_dir, run_dir, "debug=cpu", *overrides)
-
-
-def start_server(run_dir: Path, *overrides: str, api_key: str | None = None) -> ServerProcess:
-    """`python -m minirl.serve` on a free loopback port, ready; with `base_url`, `model_id` and `stop()`.
-    `api_key` goes in as $MINIRL_API_KEY; without it the server gets no key, whatever this environment holds."""
-    env = {name: value for name, value in os.environ.items() if name != "MINIRL_API_KEY"}
-    if api_key is not None:
-        env["MINIRL_API_KEY"] = api_key
-    return launch_server(["serve.host=127.0.0.1", "serve.port=0", "logger=none", *overrides], run_dir, env=env)
 
 
 @pytest.fixture(scope="session")

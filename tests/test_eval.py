@@ -1,6 +1,6 @@
 """`python -m minirl.eval`: the real saved tool model, the real tools, a small JSONL dataset in MiniMind's format.
 
-The model (conftest's `tool_model_dir`) has memorised two conversations: greedy decoding answers the
+The model (the `tool_model_dir` fixture) has memorised two conversations: greedy decoding answers the
 CONVERSATION task with two calculate_math calls and then the right answer, greets on the GREETING task, and
 fails the third task, which it never saw.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 from statistics import fmean
 
 import pytest
-from conftest import CALC_TOOL, CONVERSATION, GREETING
 from hydra import compose, initialize_config_dir
+from support import CALC_TOOL, CONVERSATION, GREETING
 
 from minirl.config import CallPolicy, Config, register_configs, to_config
 from minirl.data.jsonl import write_jsonl

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 import torch
-from conftest import CALC_TOOL, CONVERSATION, debug_config
 from rich.console import Console
 from safetensors.torch import load_file
+from support import CALC_TOOL, CONVERSATION, debug_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirl.bootstrap import ensure_tiny

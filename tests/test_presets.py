@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import compose_config
 from rich.console import Console
+from support import compose_config
 
 from minirl.bootstrap import BUILD_RECORD
 from minirl.evaluation.evaluator import evaluate

@@ -11,9 +11,9 @@ from decimal import Decimal
 from types import SimpleNamespace
 
 import pytest
-from conftest import CALC_TOOL, CONVERSATION, third_party_template
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from support import CALC_TOOL, CONVERSATION, third_party_template
 
 from minirl.config import CallPolicy
 from minirl.data.task import Task

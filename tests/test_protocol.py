@@ -8,7 +8,7 @@ import random
 import time
 
 import pytest
-from conftest import CALC_TOOL, CONVERSATION, third_party_template
+from support import CALC_TOOL, CONVERSATION, third_party_template
 
 from minirl.config import CallPolicy
 from minirl.errors import ConfigError

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHAPED_REWARD, debug_config
 from rich.console import Console
+from support import SHAPED_REWARD, debug_config
 
 from minirl.bootstrap import model_path
 from minirl.errors import TrainingError
@@ -35,11 +35,6 @@ def read_rows(run_dir: Path) -> list[dict]:
 
 def without_timings(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("model-cache")
 
 
 def train_command(cache_dir: Path, run_dir: Path, *overrides: str) -> list[str]:
