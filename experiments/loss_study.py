@@ -4,7 +4,8 @@
     python experiments/loss_study.py --losses grpo cispo --seeds 0 1 --steps 30
 
 Each run is `python -m minirl.train loss=<loss> trainer.seed=<seed> trainer.steps=<steps>` with
-everything else at its default (the cached warm start is shared). Runs whose metrics.jsonl is
+everything else at its default (the cached warm start is shared); an algorithm preset such as dapo,
+which sets `algo.*` too, runs as `experiment=<name>`. Runs whose metrics.jsonl is
 complete are not repeated. Writes a markdown table (mean and spread over seeds of the held-out
 success at every evaluation) and a PNG plot next to this script. Needs matplotlib
 (`pip install matplotlib`).
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+CONF = HERE.parent / "minirl" / "conf"
 
 
 def run_dir(out: Path, loss: str, seed: int) -> Path:
@@ -32,11 +34,16 @@ def evals(path: Path) -> dict[int, float]:
     return {row["step"]: row["eval/success_rate"] for row in rows if "eval/success_rate" in row}
 
 
+def selection(loss: str) -> str:
+    """The override that picks `loss`: a loss config, or an algorithm preset (minirl/conf/experiment/)."""
+    return f"experiment={loss}" if (CONF / "experiment" / f"{loss}.yaml").exists() else f"loss={loss}"
+
+
 def run(loss: str, seed: int, steps: int, eval_every: int, path: Path) -> None:
     if (path / "metrics.jsonl").exists() and steps in evals(path):
         return
     cmd = [
-        sys.executable, "-m", "minirl.train", f"loss={loss}", f"trainer.seed={seed}", f"trainer.steps={steps}",
+        sys.executable, "-m", "minirl.train", selection(loss), f"trainer.seed={seed}", f"trainer.steps={steps}",
         f"trainer.eval_every={eval_every}", "logger=none", "trainer.save_final=false", f"hydra.run.dir={path}",
     ]  # fmt: skip
     print(" ".join(cmd[1:]), flush=True)

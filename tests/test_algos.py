@@ -15,6 +15,8 @@ from minirl.algos.kl import KL_ESTIMATORS, sequence_kl
 from minirl.algos.losses import AGGREGATIONS, LOSSES, LossOut, aggregate
 from minirl.errors import ConfigError
 
+pytestmark = pytest.mark.fast
+
 F64 = torch.float64
 
 
@@ -372,7 +374,7 @@ def test_clip_fractions_are_the_binding_side():
 
 
 def test_cispo_without_a_lower_bound_keeps_small_weights():
-    # conf/loss/cispo.yaml: clip_low 1 puts the lower bound at 0, so ratios 0.7 and 0.6 stay as they are
+    # minirl/conf/loss/cispo.yaml: clip_low 1 puts the lower bound at 0, so ratios 0.7 and 0.6 stay as they are
     out, logp, _ = _run("cispo", Cfg(clip_low=1.0, clip_high=0.3))
     assert out.metrics["loss/clip_frac"].item() == pytest.approx(3 / 7)  # 1.5, 1.4, 2.0 only
     assert logp.grad[0, 1].item() == pytest.approx(-0.7 * ADV[0] / 7)  # token-mean: weight 1/7 per token

@@ -18,7 +18,9 @@ from minirl.rewards.success import gt_in_answer
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
 from minirl.tools.base import ToolResult
 
-# the defaults in conf/reward/minimind.yaml
+pytestmark = pytest.mark.fast
+
+# the defaults in minirl/conf/reward/minimind.yaml
 WEIGHTS = {
     "tool_alignment": 0.5,
     "gt_hit": 2.5,

@@ -238,7 +238,7 @@ def gspo_loss(
     aggregation: token t of sequence i carries s_it = sg(s_i) * pi_theta(y_t) / sg(pi_theta(y_t)), whose value
     is s_i and whose gradient d s_it / d log pi_theta(y_t) is s_i. With one advantage per sequence this equals
     the plain form in value and gradient under every aggregation (each weighs a sequence's tokens alike, and
-    d s_i / d log pi_theta(y_t) = s_i / |y_i|). With agg=seq-mean-token-mean (conf/loss/gspo.yaml) the loss is
+    d s_i / d log pi_theta(y_t) = s_i / |y_i|). With agg=seq-mean-token-mean (minirl/conf/loss/gspo.yaml) the loss is
     the paper's (1/G) sum_i J_i; token-mean weighs a sequence by its length instead. The clip is decided per
     sequence: a clipped sequence gives none of its tokens a gradient, and loss/clip_frac counts the tokens of
     clipped sequences. Since s_i is a per-token geometric mean, the paper's range is tiny (3e-4, 4e-4).
@@ -269,7 +269,7 @@ def cispo_loss(
     Unlike PPO's clip, which drops the gradient of clipped tokens (often the rare "reflection"
     tokens that matter), CISPO clips only the importance-sampling weight, so every token keeps a
     gradient of magnitude <= (1 + clip_high) |A|. The paper imposes no lower bound in practice (it sets
-    eps_low large); conf/loss/cispo.yaml does the same with clip_low: 1.0, where the bound 1 - clip_low = 0
+    eps_low large); minirl/conf/loss/cispo.yaml does the same with clip_low: 1.0, where the bound 1 - clip_low = 0
     never binds since r > 0. TRL's loss_type="cispo" clamps from above only, at epsilon_high = 1 + clip_high.
     """
     _check_shapes(logp, old_logp, ref_logp, advantages, mask)

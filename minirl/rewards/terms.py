@@ -1,5 +1,5 @@
-"""Rule rewards for tool use, split into named terms: MiniMind's (conf/reward/minimind.yaml) and
-ReTool's (conf/reward/retool.yaml).
+"""Rule rewards for tool use, split into named terms: MiniMind's (minirl/conf/reward/minimind.yaml) and
+ReTool's (minirl/conf/reward/retool.yaml).
 
 Each term is a plain function `term(traj) -> float` returning an UNWEIGHTED value; the weights
 come from `reward.weights` in the config. `score` computes every registered term, so each one has
