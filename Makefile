@@ -7,7 +7,7 @@ BASE_PYTHON ?= python3
 # installed before anything else, so that pip never picks a torch (a CUDA build) itself
 TORCH_CPU ?= torch==2.13.0
 # what `make test-fast` runs: pytest arguments
-FAST_TESTS ?= -m "not slow" tests
+FAST_TESTS ?= -m fast tests
 
 ifeq ($(filter command line environment,$(origin PYTHON)),)
 PYTHON := $(VENV)/bin/python

@@ -10,6 +10,8 @@ import torch
 from minirl.algos.losses import AGGREGATIONS, LOSSES, micro_batch_share
 from minirl.config import LossConfig
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize("agg", AGGREGATIONS.names())
 @pytest.mark.parametrize("loss_name", LOSSES.names())

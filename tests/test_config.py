@@ -35,6 +35,7 @@ def compose_cfg(*overrides: str) -> Config:
         return to_config(compose("config", overrides=list(overrides)))
 
 
+@pytest.mark.fast
 def test_defaults_list_names_every_axis():
     defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
     named = {next(iter(d)) for d in defaults if isinstance(d, dict) or OmegaConf.is_dict(d)}
@@ -43,6 +44,7 @@ def test_defaults_list_names_every_axis():
     assert axes | {"debug"} <= set(GROUPS)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
 def test_every_option_composes_and_resolves_its_registry_names(group, option):
     overrides = [f"{group}={option}"]
@@ -52,6 +54,7 @@ def test_every_option_composes_and_resolves_its_registry_names(group, option):
     validate(cfg)
 
 
+@pytest.mark.fast
 def test_registries_and_configs_match_in_both_directions():
     from minirl.algos.advantages import ADV_ESTIMATORS
     from minirl.algos.losses import LOSSES
@@ -81,6 +84,7 @@ def test_registries_and_configs_match_in_both_directions():
     assert {cfg.algo.adv_estimator for cfg in presets} <= set(ADV_ESTIMATORS.names())
 
 
+@pytest.mark.fast
 def test_every_algorithm_is_documented():
     """docs/algorithms.md has a row for every registered loss, estimator, aggregation and KL estimator,
     and the config comments that list the options name them all."""
@@ -97,6 +101,7 @@ def test_every_algorithm_is_documented():
         assert name in config_yaml, f"{name} is missing from the option comments in minirl/conf/config.yaml"
 
 
+@pytest.mark.fast
 def test_only_experiment_and_debug_presets_reach_outside_their_group():
     """A group file sets its own section; presets that set several (`# @package _global_`), such as an
     algorithm's loss and algo.* together, are experiments (or the debug preset)."""
@@ -105,6 +110,7 @@ def test_only_experiment_and_debug_presets_reach_outside_their_group():
             assert "@package" not in (CONF_DIR / group / f"{option}.yaml").read_text(), f"{group}/{option}.yaml"
 
 
+@pytest.mark.fast
 def test_algorithm_and_loss_presets_set_what_their_paper_needs():
     dr = compose_cfg("experiment=dr_grpo")
     assert dr.algo.adv_estimator == "dr_grpo" and dr.loss.agg == "seq-mean-token-sum-norm"
@@ -120,12 +126,14 @@ def test_algorithm_and_loss_presets_set_what_their_paper_needs():
     assert compose_cfg().algo.adv_estimator == "grpo"  # presets that do not name an estimator leave it alone
 
 
+@pytest.mark.fast
 def test_experiment_and_debug_presets_apply():
     cfg = compose_cfg("experiment=cispo_4turns", "debug=cpu")
     assert cfg.loss.name == "cispo" and cfg.rollout.max_turns == 4
     assert cfg.trainer.steps == 2 and cfg.logger.backend == "none"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -152,6 +160,7 @@ def test_out_of_range_values_name_the_key(override, message):
         compose_cfg(override)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "override", ["rollout.max_turnz=3", "loss.beta=abc", "+trainer.stepz=1", "protocol.call_policy=several"]
 )
@@ -160,6 +169,7 @@ def test_wrong_keys_and_types_fail_at_composition(override):
         compose_cfg(override)
 
 
+@pytest.mark.fast
 def test_typo_inside_a_group_file_fails(tmp_path):
     conf = tmp_path / "conf"
     subprocess.run(["cp", "-r", str(CONF_DIR), str(conf)], check=True)
@@ -168,6 +178,7 @@ def test_typo_inside_a_group_file_fails(tmp_path):
         compose("config")
 
 
+@pytest.mark.fast
 def test_unknown_registry_names_list_the_known_ones():
     with pytest.raises(ConfigError, match="unknown loss 'nope'; known: cispo, grpo, gspo"):
         validate(compose_cfg("loss.name=nope"))
@@ -189,6 +200,7 @@ def test_unknown_registry_names_list_the_known_ones():
         validate(compose_cfg("loss.agg=bogus"))
 
 
+@pytest.mark.fast
 def test_a_group_of_one_is_refused_where_the_baseline_is_the_group():
     with pytest.raises(ConfigError, match=r"^rollout.group_size: algo.adv_estimator=grpo compares each sample"):
         validate(compose_cfg("rollout.group_size=1"))
@@ -196,12 +208,14 @@ def test_a_group_of_one_is_refused_where_the_baseline_is_the_group():
     validate(compose_cfg("rollout.group_size=2"))
 
 
+@pytest.mark.fast
 def test_unknown_group_option_is_one_line_with_the_options():
     with pytest.raises(ConfigError, match=r"unknown loss 'nope'; known: cispo, grpo, gspo$"):
         check_group_choices(["loss=nope"])
     check_group_choices(["loss=cispo", "-m", "loss=grpo,cispo", "rollout.max_turns=4", "experiment=null"])
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -278,6 +292,7 @@ def test_cfg_job_prints_the_composed_config(tmp_path):
 COMMANDS = ["train", "eval", "serve", "sft"]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_names_a_job_that_exists(command):
     """The shells name their job as a dotted path (imported late, after the config is valid): a typo would

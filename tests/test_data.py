@@ -15,6 +15,8 @@ from minirl.errors import ConfigError, DataError
 from minirl.tools import MINIMIND_TOOL_NAMES, ToolExecutor, build_tools
 from minirl.tools.base import ToolCall
 
+pytestmark = pytest.mark.fast
+
 # phrasings only RL sees (the "extra" ones); SFT rows must never use them
 EXTRA_MARKERS = ("I need the value of", "Could you check the clock", "Two questions:", "I forgot the capital of")
 

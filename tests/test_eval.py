@@ -186,6 +186,7 @@ def test_an_unreachable_endpoint_records_failed_trajectories(tasks_file, tmp_pat
     assert report.metrics["rollout/finish_error"] == 1.0 and report.metrics["success_rate"] == 0.0
 
 
+@pytest.mark.fast
 def test_structured_calls_follow_the_turn_rules():
     def parse(content, calls, policy=CallPolicy.multi):
         return parse_message(content, calls, "hermes", policy, max_calls=2, tools=[CALC_TOOL])
@@ -257,6 +258,7 @@ def test_compare_prints_both_reports_and_the_difference(greedy, sampled, tmp_pat
     assert table.returncode == 0 and "B - A" in table.stdout and "pass_at_n" in table.stdout
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("wins", "losses", "p"),
     [(0, 0, 1.0), (5, 5, 1.0), (0, 6, 2 / 64), (9, 2, 2 * (1 + 11 + 55) / 2048), (2, 9, 2 * (1 + 11 + 55) / 2048)],

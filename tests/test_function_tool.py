@@ -20,6 +20,8 @@ from minirl.tools import TOOLS, ToolError, ToolExecutor, build_tools, tool
 from minirl.tools.base import ToolCall
 from minirl.validate import validate
 
+pytestmark = pytest.mark.fast
+
 register_configs()
 README = Path(__file__).resolve().parent.parent / "README.md"
 

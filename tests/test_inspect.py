@@ -288,6 +288,7 @@ def test_cli_errors_are_one_line_and_exit_2(run_dir, tmp_path, args, message):
     assert done.stderr.count("\n") == 1 and message in done.stderr
 
 
+@pytest.mark.fast
 def test_plots_are_well_formed_svg_with_round_ticks():
     assert nice_ticks(0, 60, integer=True) == [0, 10, 20, 30, 40, 50, 60]
     assert nice_ticks(0, 3, integer=True) == [0, 1, 2, 3]

@@ -22,6 +22,8 @@ from minirl.rewards import terms as T
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
 from minirl.tools.base import ToolResult
 
+pytestmark = pytest.mark.fast
+
 register_configs()
 
 # -- last_boxed --------------------------------------------------------------------------------

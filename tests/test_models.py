@@ -55,6 +55,7 @@ def test_saved_model_loads_back_by_path_through_auto_classes(tmp_path, tokenizer
     assert loaded_tok.eos_token == "<|im_end|>" and loaded_tok.pad_token == "<|endoftext|>"
 
 
+@pytest.mark.fast
 @pytest.mark.usefixtures("any_template_tokenizer")
 def test_sft_mask_covers_assistant_tokens_and_end_of_turn_only(any_template_tokenizer):
     tok = any_template_tokenizer
@@ -108,6 +109,7 @@ def test_assistant_token_loss_equals_the_full_sequence_loss_with_system_parts_sh
     model.zero_grad(set_to_none=True)
 
 
+@pytest.mark.fast
 def test_names_from_the_question_are_the_same_tokens_inside_a_call():
     """A capitalised word never merges with what precedes it, so copying it into JSON is exact."""
     pairs = [
@@ -134,6 +136,7 @@ def attention_switches():
     cuda.enable_mem_efficient_sdp(saved[2])
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "deterministic, expected",
     [(True, (False, False, False)), (False, (False, True, True))],  # (cuDNN, flash, memory-efficient) on

@@ -28,6 +28,8 @@ from minirl.inference.sampling import SamplingParams
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
 from minirl.training.batch import PolicyBatch, mini_batch_plan, sampling_logprobs, target_logprobs
 
+pytestmark = pytest.mark.fast
+
 register_configs()
 
 # -- rollout importance sampling -----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Property-based tests: the tool-call parsers on arbitrary and on well-formed text, the
 token-in/token-out prompt builder with the real tokenizer, and the reward terms on arbitrary
-answers and gt lists."""
+answers and gt lists; the tool executor on hostile arguments."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from minirl.protocol.formats import CALL_FORMATS
 from minirl.protocol.parsing import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TurnKind, parse_turn
 from minirl.rewards import REWARD_TERMS, contains_value, score, term_values
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
-from minirl.tools.base import ToolResult
+from minirl.tools import MINIMIND_TOOL_NAMES, ToolExecutor, build_tools
+from minirl.tools.base import ToolCall, ToolResult
 
 PROPERTY = settings(max_examples=200, deadline=None)
 # the tokenizer and chat template make these examples slower: fewer of them
@@ -280,3 +281,33 @@ def test_a_gt_value_inside_a_longer_number_never_hits(value, before, after, cont
     task = Task(id="t", messages=[{"role": "user", "content": "?"}], tools=[], gt=[value])
     traj = Trajectory(task, 0, [1], turns=[Turn(text, answer)], finish_reason=TrajectoryEnd.ANSWER)
     assert REWARD_TERMS.get("gt_hit")(traj) == 0.0
+
+
+# -- the tool executor ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def executor() -> ToolExecutor:
+    return ToolExecutor(build_tools(MINIMIND_TOOL_NAMES), timeout_s=2.0, max_output_chars=2048)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    name=st.sampled_from([*MINIMIND_TOOL_NAMES, "missing"]),
+    arguments=st.dictionaries(
+        st.sampled_from(["expression", "value", "from_unit", "to_unit", "city", "timezone", "text", "x"]),
+        json_values,
+        max_size=4,
+    ),
+)
+def test_executor_never_raises_on_hostile_arguments(executor, name, arguments):
+    result = executor.execute(ToolCall("c", name, arguments))
+    assert result.status in ("ok", "unknown_tool", "bad_arguments", "error")
+    assert len(result.content) <= executor.max_output_chars

@@ -18,6 +18,8 @@ from minirl.protocol.observation import TRUNCATION_MARKER, ZERO_WIDTH_SPACE, con
 from minirl.protocol.parsing import TurnKind, parse_turn
 from minirl.tools.base import ToolResult
 
+pytestmark = pytest.mark.fast
+
 PROMPT = CONVERSATION[:2]
 TOOL_MESSAGES = CONVERSATION[3:5]
 TOOL_RESULT_SHORT = ToolResult("call_0_1", "calculate_math", '{"result": "42"}', "ok", 0.0)

@@ -14,6 +14,8 @@ from minirl.rewards.success import gt_in_answer
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
 from minirl.tools.base import ToolResult
 
+pytestmark = pytest.mark.fast
+
 QUESTION = "What is the temperature in Paris?"
 TOOL_REFERENCE = [
     {"role": "assistant", "content": "", "tool_calls": [

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from minirl.tools.safe_math import MathError, evaluate, evaluate_exact, format_number
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize(
     ("expression", "value"),

@@ -37,12 +37,14 @@ def config(**overrides) -> DataConfig:
     return DataConfig(**{"train_size": 500, "heldout_size": 64, **overrides})
 
 
+@pytest.mark.fast
 def test_generation_is_deterministic_per_seed():
     assert GENERATOR.rl_rows(60, seed=3) == GENERATOR.rl_rows(60, seed=3)
     assert GENERATOR.rl_rows(60, seed=3) != GENERATOR.rl_rows(60, seed=4)
     assert GENERATOR.sft_rows(60, seed=3, exclude_prompts=set()) == GENERATOR.sft_rows(60, 3, set())
 
 
+@pytest.mark.fast
 def test_train_and_heldout_never_share_a_prompt():
     dataset = DATASETS.get("synthetic_math")(config())
     train, heldout = dataset.train, dataset.heldout
@@ -53,6 +55,7 @@ def test_train_and_heldout_never_share_a_prompt():
     assert DATASETS.get("synthetic_math")(config()) == dataset
 
 
+@pytest.mark.fast
 def test_warm_start_rows_exclude_heldout_prompts_and_extra_phrasings():
     heldout = DATASETS.get("synthetic_math")(config(train_size=10)).heldout
     excluded = {prompt_text(task) for task in heldout}
@@ -63,6 +66,7 @@ def test_warm_start_rows_exclude_heldout_prompts_and_extra_phrasings():
     assert all(any(marker in prompt for prompt in rl_prompts) for marker in EXTRA_MARKERS)
 
 
+@pytest.mark.fast
 def test_rows_are_one_code_call_then_a_boxed_answer(rl_tasks):
     assert {task.kind for task in rl_tasks} == KINDS
     for task in rl_tasks:
@@ -87,6 +91,7 @@ def test_reference_tool_messages_and_answers_are_what_the_real_tool_prints(rl_ta
         assert task.reference[1] == result.to_message()
 
 
+@pytest.mark.fast
 def test_warm_start_examples_tokenize(tokenizer):
     cfg = Config(
         data=DataConfig(name="synthetic_math", train_size=10, heldout_size=8),
