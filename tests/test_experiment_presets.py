@@ -1,0 +1,79 @@
+"""Every experiment preset runs: one trainer step of `debug=cpu experiment=<name>` for each
+minirl/conf/experiment/*.yaml, globbed at collection (lightning-hydra-template's `experiment=glob(*)`), so a
+new preset is run without a line here and none can rot.
+
+debug=cpu comes after the preset in the defaults list, so where both set a key the debug value wins. That is
+the point for what makes a run cheap (the model, the budgets, the step count); for anything else (dynamic
+sampling, say) the run would no longer be the preset's, so those keys get the preset's own values back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from support import debug_config
+
+from minirl.config import register_configs
+from minirl.entry import CONF_DIR
+from minirl.trainer import train
+
+PRESETS = sorted(path.stem for path in (CONF_DIR / "experiment").glob("*.yaml"))
+# keys debug/cpu.yaml may take from a preset: they set the cost of the run, not what it does
+COST = ("model.", "sft.", "trainer.", "data.", "logger.", "rollout.group_size", "rollout.max_new_tokens")
+
+
+def flat(path: Path) -> dict[str, object]:
+    """The keys a config file sets, dotted (its defaults list left out)."""
+    tree = OmegaConf.to_container(OmegaConf.load(path))
+    tree.pop("defaults", None)
+
+    def walk(node: dict, prefix: str) -> dict[str, object]:
+        out = {}
+        for key, value in node.items():
+            out.update(walk(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+        return out
+
+    return walk(tree, "")
+
+
+def kept_from_debug(preset: str) -> list[str]:
+    """Overrides that give the preset back its own values where debug=cpu would change what the run does."""
+    own, debug = flat(CONF_DIR / "experiment" / f"{preset}.yaml"), flat(CONF_DIR / "debug" / "cpu.yaml")
+    shared = [key for key in own if key in debug and own[key] != debug[key] and not key.startswith(COST)]
+    return [f"{key}={json.dumps(own[key]) if isinstance(own[key], bool) else own[key]}" for key in shared]
+
+
+@pytest.mark.fast
+def test_presets_are_found():
+    assert PRESETS, f"no presets in {CONF_DIR / 'experiment'}"  # else every case below would be skipped
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("preset", PRESETS)
+def test_debug_keeps_what_each_preset_does(preset):
+    """The composed debug run has every setting of the preset but the ones that set its cost."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose("config", overrides=["debug=cpu", f"experiment={preset}", *kept_from_debug(preset)])
+    for key, value in flat(CONF_DIR / "experiment" / f"{preset}.yaml").items():
+        if not key.startswith(COST):
+            assert OmegaConf.select(cfg, key) == value, key
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_experiment_preset_runs_a_step(preset, cache_dir, tmp_path):
+    cfg = debug_config(cache_dir, tmp_path, f"experiment={preset}", "trainer.steps=1", *kept_from_debug(preset))
+    result = train(cfg)
+    assert [step for step, _ in result.eval_history] == [0, 1]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    [step] = [row for row in rows if "reward/mean" in row and "eval/success_rate" not in row]
+    assert step["step"] == 1
+    expected = {"reward/mean", "reward/std", "rollout/turns", "rollout/response_tokens_mean", "tools/calls_per_traj"}
+    assert expected <= set(step), sorted(expected - set(step))
+    assert all(math.isfinite(value) for value in step.values() if isinstance(value, float))
+    assert (tmp_path / "checkpoint").is_dir()  # the run got to its end
