@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-# test_rollout.py and test_serve.py still import these from conftest
-from support import CALC_TOOL, CONVERSATION, GREETING, start_server, third_party_template  # noqa: F401
+from support import CALC_TOOL, CONVERSATION, GREETING, start_server, third_party_template
 
 from minirl.config import TinyModelConfig
 from minirl.models.tiny import build_tokenizer, render_texts

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import CALC_TOOL, CONVERSATION, GREETING, third_party_template
+from support import CALC_TOOL, CONVERSATION, GREETING, ScriptedEngine, third_party_template
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirl.config import CallPolicy, ProtocolConfig
@@ -19,7 +19,7 @@ from minirl.inference.sampling import draw, warped
 from minirl.protocol.chat import render
 from minirl.protocol.parsing import TurnKind
 from minirl.rollout.agent_loop import AgentLimits, replay_reference, run_agent
-from minirl.rollout.engine import ENGINES, Completion, SamplingParams
+from minirl.rollout.engine import ENGINES, SamplingParams
 from minirl.rollout.trajectory import TrajectoryEnd
 from minirl.tools import ToolExecutor, build_tools
 from minirl.tools.minimind import MINIMIND_TOOL_NAMES
@@ -29,36 +29,6 @@ from minirl.training.sft import tokenize_conversation
 SAMPLING = SamplingParams(max_new_tokens=256)
 HERMES = ProtocolConfig()
 QWEN3_CODER = ProtocolConfig(format="qwen3_coder", call_policy=CallPolicy.strict_single, max_calls_per_turn=1)
-
-
-class ScriptedEngine:
-    """Answers turn k of every prompt with script[k]; log-probs are distinct per token so that
-    misalignment shows. `stop=False` runs into the token limit instead of ending the turn;
-    `return_eos=False` ends the turn without returning the end-of-turn token, as some samplers do."""
-
-    def __init__(self, tokenizer, script: list[str], stop: bool = True, return_eos: bool = True) -> None:
-        self.tokenizer, self.script, self.stop, self.return_eos = tokenizer, script, stop, return_eos
-        self.end_ids = frozenset({tokenizer.eos_token_id})
-        self.calls = 0
-        self.prompts: list[list[list[int]]] = []
-
-    def generate(self, prompts, params):
-        self.prompts.append([list(p) for p in prompts])
-        text = self.script[self.calls]
-        self.calls += 1
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if self.stop and self.return_eos:
-            ids = ids + [self.tokenizer.eos_token_id]
-        stopped = self.stop and len(ids) <= params.max_new_tokens  # a cut turn did not end
-        ids = ids[: params.max_new_tokens]
-        out = []
-        for row in range(len(prompts)):
-            logprobs = [-(row + 1) * 0.001 - i * 0.01 for i in range(len(ids))]
-            out.append(Completion(list(ids), logprobs, stopped))
-        return out
-
-    def sync_weights(self, model) -> None:
-        pass
 
 
 def weather_call(city: str) -> str:

@@ -26,8 +26,8 @@ import openai
 import pytest
 import torch
 import uvicorn
-from conftest import CALC_TOOL, CONVERSATION, GREETING, start_server
 from rich.console import Console
+from support import CALC_TOOL, CONVERSATION, GREETING, WAIT_S, ScriptedDecoder, start_server
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirl.config import Config, EvalConfig, ProtocolConfig, ServeConfig
@@ -49,7 +49,6 @@ GREETING_PROMPT = GREETING[:2]
 QUESTION = CONVERSATION[:2]  # system + user: the model answers with two calls
 ANSWER = CONVERSATION[-1]["content"]
 CALLS = [("calculate_math", {"expression": "256 * 37"}), ("calculate_math", {"expression": "12 + 30"})]
-WAIT_S = 120.0  # a bound on waiting for the server's state, never an expectation of speed
 
 # -- the turn splitter --------------------------------------------------------------------------
 
@@ -220,26 +219,6 @@ def test_a_cancelled_row_stops_and_the_others_go_on(tool_model):
 
 
 # -- the app in-process, over a scripted decoder ------------------------------------------------
-
-
-class ScriptedDecoder:
-    """Stands in for Decoder: each batch records its size, waits for a permit (so a test can hold the
-    worker), then answers every row with "ok", or raises once `fail_next` is set."""
-
-    def __init__(self) -> None:
-        self.permits = threading.Semaphore(0)
-        self.batches: list[int] = []
-        self.fail_next = False
-
-    def decode(self, rows: list[DecodeRow]) -> None:
-        self.batches.append(len(rows))
-        assert self.permits.acquire(timeout=WAIT_S)
-        if self.fail_next:
-            self.fail_next = False
-            raise RuntimeError("scripted failure")
-        for row in rows:
-            row.sink.text("ok")
-            row.sink.done(RowResult("ok", StopReason.stop, 1))
 
 
 class EndlessDecoder(ScriptedDecoder):
