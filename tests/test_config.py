@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,40 @@ def test_each_command_runs_under_its_own_hydra_job_name(command, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert OmegaConf.create(proc.stdout).hydra.job.name == command
+
+
+def test_imports_registers_reward_terms_losses_estimators_and_datasets_too(tmp_path):
+    """`imports` is the one hook: a user module's reward term, loss, advantage estimator and dataset resolve by
+    name like ours (checked in a fresh interpreter, so the registrations do not leak into other tests)."""
+    (tmp_path / "user_parts.py").write_text(
+        "from minirl.algos.advantages import ADV_ESTIMATORS\n"
+        "from minirl.algos.losses import LOSSES\n"
+        "from minirl.data import DATASETS\n"
+        "from minirl.rewards import REWARD_TERMS\n"
+        "REWARD_TERMS.register('user_brevity')(lambda traj: -len(traj.response_ids) / 100)\n"
+        "LOSSES.register('user_loss')(LOSSES.get('grpo'))\n"
+        "ADV_ESTIMATORS.register('user_adv')(ADV_ESTIMATORS.get('rloo'))\n"
+        "DATASETS.register('user_data')(DATASETS.get('synthetic_tools'))\n"
+    )
+    chosen = ["loss.name=user_loss", "algo.adv_estimator=user_adv", "data.name=user_data"]
+    chosen.append("+reward.weights.user_brevity=0.1")
+    script = (
+        "import sys\n"
+        "from hydra import compose, initialize_config_dir\n"
+        "from minirl.config import register_configs, to_config\n"
+        "from minirl.entry import CONF_DIR\n"
+        "from minirl.errors import ConfigError\n"
+        "from minirl.validate import validate\n"
+        "register_configs()\n"
+        "with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):\n"
+        "    cfg = to_config(compose('config', overrides=sys.argv[1:]))\n"
+        "try:\n"
+        "    validate(cfg)\n"
+        "except ConfigError as err:\n"
+        "    sys.exit(f'config error: {err}')\n"
+    )
+    run = partial(subprocess.run, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    without = run([sys.executable, "-c", script, *chosen])
+    assert without.returncode == 1 and "config error: unknown" in without.stderr
+    with_imports = run([sys.executable, "-c", script, "imports=[user_parts]", *chosen])
+    assert with_imports.returncode == 0, with_imports.stderr[-2000:]
