@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from minirl.errors import DataError
-
 
 def step_line(step: int, steps: int, metrics: dict[str, float]) -> str:
     """`step  n/N  reward ± std  success  kl  valid calls  turns  groups (guided)  seconds`."""
@@ -29,7 +27,8 @@ def eval_line(step: int, metrics: dict[str, float], tasks: int, change: str) -> 
     )
 
 
-def skipped_rows_warning(skipped: list[DataError]) -> str:
+def skipped_rows_warning(skipped: list[str]) -> str:
+    """How many malformed dataset rows were left out (`path:lineno: reason` each), quoting the first."""
     return (
         f"[bold yellow]warning[/]: skipped {len(skipped)} malformed dataset rows (data.on_error=skip); "
         f"first: {skipped[0]}"
