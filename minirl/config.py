@@ -220,6 +220,9 @@ class LossConfig:
     # IS weight (cispo); clip_low >= 1 means no lower bound
     clip_low: float = 0.2
     clip_high: float = 0.2
+    # dual-clip PPO (arXiv 1912.09729), grpo only: a token with A < 0 loses at most -A * clip_ratio_c, however
+    # far its ratio rises above clip_ratio_c (verl's vanilla loss, the same default); 0 = off, else > 1
+    clip_ratio_c: float = 3.0
     beta: float = 0.02  # KL-in-loss coefficient; 0 with algo.kl_in_reward off = no reference model
     kl_estimator: str = "k3"  # registry key: k1 | k2 | k3
     agg: str = "seq-mean-token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
@@ -230,6 +233,11 @@ class LossConfig:
     def __post_init__(self) -> None:
         _check(self.clip_low >= 0, "loss.clip_low", f"must be >= 0, got {self.clip_low}")
         _check(self.clip_high >= 0, "loss.clip_high", f"must be >= 0, got {self.clip_high}")
+        _check(
+            self.clip_ratio_c == 0 or self.clip_ratio_c > 1,
+            "loss.clip_ratio_c",
+            f"must be 0 (off) or > 1, got {self.clip_ratio_c}",
+        )
         _check(self.beta >= 0, "loss.beta", f"must be >= 0, got {self.beta}")
         _check(self.max_tokens_norm >= 0, "loss.max_tokens_norm", f"must be >= 0, got {self.max_tokens_norm}")
 

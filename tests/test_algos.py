@@ -24,6 +24,7 @@ F64 = torch.float64
 class Cfg:
     clip_low: float = 0.2
     clip_high: float = 0.3
+    clip_ratio_c: float = 3.0
     beta: float = 0.0
     kl_estimator: str = "k3"
     agg: str = "token-mean"
@@ -184,6 +185,37 @@ def test_k1_and_k3_are_unbiased_and_k3_nonnegative():
     assert (k3 >= 0).all()
     same = torch.tensor([[-1e-9, -0.3]], dtype=F64)
     assert torch.equal(KL_ESTIMATORS.get("k3")(same, same), torch.zeros(1, 2, dtype=F64))
+
+
+@pytest.mark.parametrize("d", [5.0, 8.0, 25.0])
+def test_k3_caps_the_estimate_at_10_with_no_gradient(d):
+    # verl's low_var_kl: at d = log pi_ref - log pi = 5, exp(5) - 5 - 1 = 142.4 is capped at 10, and the
+    # token pushed down that hard pulls with no gradient; d = 25 is also clamped to 20 before exp()
+    logp = torch.tensor([[-d - 0.5, -0.5]], dtype=F64, requires_grad=True)
+    ref = torch.tensor([[-0.5, -0.5 - 1.0]], dtype=F64)
+    out = KL_ESTIMATORS.get("k3")(logp, ref)
+    out.sum().backward()
+    assert out[0, 0].item() == 10.0 and logp.grad[0, 0].item() == 0.0
+    # below the cap the estimate keeps its value and gradient: d = -1
+    assert out[0, 1].item() == pytest.approx(math.exp(-1) + 1 - 1, rel=1e-12)
+    assert logp.grad[0, 1].item() == pytest.approx(1 - math.exp(-1), rel=1e-12)
+
+
+def test_dual_clip_caps_the_loss_of_a_negative_advantage_token():
+    # ratios 2, 4, 10 with A = -1: plain PPO loses r (no clip binds above 1 for A < 0); dual-clip with
+    # c = 3 caps the loss at 3 with no gradient once r > 3; c = 0 turns it off
+    logp = torch.tensor([[math.log(2.0), math.log(4.0), math.log(10.0)]], dtype=F64, requires_grad=True)
+    old, mask, adv = torch.zeros(1, 3, dtype=F64), torch.ones(1, 3, dtype=F64), torch.tensor([-1.0], dtype=F64)
+    out = LOSSES.get("grpo")(logp, old, None, adv, mask, Cfg(agg="token-mean"))
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx((2 + 3 + 3) / 3, rel=1e-12)
+    assert logp.grad[0].tolist() == pytest.approx([2 / 3, 0.0, 0.0], rel=1e-12)
+    assert out.metrics["loss/clip_frac"].item() == pytest.approx(2 / 3)
+    off = LOSSES.get("grpo")(logp.detach(), old, None, adv, mask, Cfg(agg="token-mean", clip_ratio_c=0.0))
+    assert off.loss.item() == pytest.approx((2 + 4 + 10) / 3, rel=1e-12)
+    # A > 0 is never dual-clipped: r = 10 is clipped at 1 + clip_high as ever
+    pos = LOSSES.get("grpo")(logp.detach(), old, None, -adv, mask, Cfg(agg="token-mean"))
+    assert pos.loss.item() == pytest.approx(-1.3, rel=1e-12)
 
 
 @pytest.mark.parametrize("name", ["k1", "k2", "k3"])

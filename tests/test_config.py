@@ -140,6 +140,7 @@ def test_experiment_and_debug_presets_apply():
     [
         ("rollout.max_turns=0", "rollout.max_turns"),
         ("loss.clip_high=-0.1", "loss.clip_high"),
+        ("loss.clip_ratio_c=1", "loss.clip_ratio_c: must be 0 \\(off\\) or > 1, got 1"),
         ("loss.beta=-1", "loss.beta"),
         ("loss.max_tokens_norm=-1", "loss.max_tokens_norm"),
         ("algo.kl_coef=-0.1", "algo.kl_coef"),

@@ -7,6 +7,9 @@ Divergence", 2020):
 - k2 = d^2 / 2                biased, low variance, >= 0
 - k3 = exp(d) - d - 1         unbiased (E_pi[exp(d)] = 1), low variance, >= 0; GRPO's choice
 
+k3 is computed as verl's `low_var_kl`: d clamped to +-20, then the estimate capped at 10 (where the cap
+binds the token gets no gradient).
+
 Every estimator maps logp [B, T], ref_logp [B, T] -> [B, T]; masking is the caller's job.
 The KL reaches training in one of two places: in the loss (loss.beta, per token, see losses.py) or
 in the reward (algo.kl_in_reward, one sum per trajectory, `sequence_kl`).
@@ -38,15 +41,17 @@ def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:  # [B, T], [B, T] -> [B, T]
     return 0.5 * (logp - ref_logp).square()
 
 
-K3_MAX_LOG_RATIO = 10.0
+K3_MAX_LOG_RATIO = 20.0  # |d| beyond this is clamped before exp()
+K3_MAX_ESTIMATE = 10.0  # the estimate is capped here, and the capped token has no gradient
 
 
 @KL_ESTIMATORS.register("k3")
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:  # [B, T], [B, T] -> [B, T]
-    # exp(d) grows without bound when the policy drops a token the reference likes; like verl,
-    # clamp the log-ratio so that one such token cannot blow up the loss and the gradient
+    # exp(d) grows without bound when the policy drops a token the reference likes. As verl's low_var_kl:
+    # clamp d so exp() stays finite, then cap the estimate, so that one such token weighs at most
+    # K3_MAX_ESTIMATE and pulls with no gradient instead of outweighing a whole sequence's policy gradient
     d = (ref_logp - logp).clamp(-K3_MAX_LOG_RATIO, K3_MAX_LOG_RATIO)
-    return torch.expm1(d) - d  # = exp(d) - 1 - d, without cancellation when pi ~ pi_ref
+    return (torch.expm1(d) - d).clamp(max=K3_MAX_ESTIMATE)  # = exp(d) - 1 - d, without cancellation at pi ~ pi_ref
 
 
 def sequence_kl(

@@ -13,7 +13,7 @@ Every loss has the signature
 and an optional keyword `is_weights` [B, T]: sampler/trainer mismatch weights (algo.rollout_is=token,
 minirl/algos/rollout_correction.py) that multiply the per-token policy-gradient term, not the KL, as
 constants (verl's `rollout_is_weights`); None = all 1.
-`cfg` is anything with `clip_low`, `clip_high`, `beta`, `kl_estimator`, `agg` and `max_tokens_norm`
+`cfg` is anything with `clip_low`, `clip_high`, `clip_ratio_c`, `beta`, `kl_estimator`, `agg` and `max_tokens_norm`
 (LossConfig).
 old_logp, ref_logp and advantages are treated as constants (detached): gradients flow only through
 logp. Masked-out positions never reach the result, but must hold finite numbers, since a NaN
@@ -44,6 +44,7 @@ class LossOut:
 class LossSettings(Protocol):
     clip_low: float
     clip_high: float
+    clip_ratio_c: float
     beta: float
     kl_estimator: str
     agg: str
@@ -131,6 +132,8 @@ def micro_batch_share(
 
 # -- losses ------------------------------------------------------------------------------------
 
+MAX_LOG_RATIO = 20.0  # grpo clamps log pi_theta - log pi_old here, so that exp() stays finite (as verl)
+
 Loss = Callable[[Tensor, Tensor, Tensor | None, Tensor, Tensor, LossSettings], LossOut]
 LOSSES: Registry[Loss] = Registry("loss")
 
@@ -185,16 +188,22 @@ def _ppo_clip(
     ratio: Tensor,  # [B, T] importance ratio pi_theta / pi_old (carries the gradient)
     a: Tensor,  # [B, 1] advantages
     cfg: LossSettings,
-) -> tuple[Tensor, Tensor]:  # per-token loss [B, T], where the clip binds [B, T] bool
+    dual_clip: float = 0.0,  # c > 1: a token with A < 0 loses at most -c A; 0 = no dual clip
+) -> tuple[Tensor, Tensor]:  # per-token loss [B, T], where a clip binds [B, T] bool
     """PPO's clipped surrogate, negated since we minimise: -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A).
 
     The clip binds on one side only: r > 1 + clip_high when A > 0, r < 1 - clip_low when A < 0; there the
-    token gets no gradient.
+    token gets no gradient. With dual_clip = c (Ye et al., arXiv 1912.09729) a token with A < 0 and r > c is
+    also cut: its loss is -c A, with no gradient.
     """
     low, high = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
-    surrogate = torch.minimum(ratio * a, ratio.clamp(low, high) * a)
+    loss = -torch.minimum(ratio * a, ratio.clamp(low, high) * a)
     clipped = ((a > 0) & (ratio > high)) | ((a < 0) & (ratio < low))
-    return -surrogate, clipped
+    if dual_clip > 0:
+        capped = (a < 0) & (ratio > dual_clip)
+        loss = torch.where(capped, -dual_clip * a, loss)
+        clipped = clipped | capped
+    return loss, clipped
 
 
 @LOSSES.register("grpo")
@@ -210,13 +219,15 @@ def grpo_loss(
     """PPO clipped surrogate per token (PPO arXiv 1707.06347, GRPO arXiv 2402.03300; the asymmetric clip
     clip_high > clip_low is DAPO's clip-higher, arXiv 2503.14476).
 
-    J_t = min(r_t A, clip(r_t, 1 - clip_low, 1 + clip_high) A), r_t = pi_theta / pi_old; we minimise -J.
+    J_t = min(r_t A, clip(r_t, 1 - clip_low, 1 + clip_high) A), r_t = pi_theta / pi_old; we minimise -J. With
+    cfg.clip_ratio_c = c > 0 (dual-clip), a token with A < 0 has J_t = max(J_t, c A).
     This is PPO's policy loss (verl's "vanilla"); with no value model the advantage comes from algo.adv_estimator.
+    As there, log r_t is clamped to +-MAX_LOG_RATIO before exp().
     """
     _check_shapes(logp, old_logp, ref_logp, advantages, mask)
     a = advantages.detach().unsqueeze(1)  # [B, 1]
-    ratio = torch.exp(logp - old_logp.detach())  # [B, T]
-    pg, clipped = _ppo_clip(ratio, a, cfg)
+    ratio = torch.exp((logp - old_logp.detach()).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))  # [B, T]
+    pg, clipped = _ppo_clip(ratio, a, cfg, dual_clip=cfg.clip_ratio_c)
     return _finish(pg, ratio, clipped, logp, ref_logp, mask, cfg, is_weights)
 
 
