@@ -91,7 +91,7 @@ def test_ragged_case_reaches_every_clip_region():
 
 
 def verl_agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, loss_scale_factor: float) -> Tensor:
-    """verl's agg_loss, one row at a time (rows with no token left out of seq means, as verl >= 0.6 does).
+    """verl's agg_loss, one row at a time (rows with no token left out of the seq means, as verl does since 0.6.1).
 
     token-mean: Σ tokens / #tokens; seq-mean-token-mean: mean over non-empty rows of the row's token mean;
     seq-mean-token-sum-norm: Σ rows of the row's token sum / loss_scale_factor (default the padded width), with
