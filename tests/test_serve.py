@@ -69,6 +69,9 @@ TURNS = {  # id: (text, content, reasoning, calls)
     "invalid call": (INVALID_CALL, INVALID_CALL, "", []),  # sent as written, markup and all
     "whitespace": ("  <think> hm </think>\n\nHi there \n", "Hi there", "hm", []),
     "unclosed think": ("<think>still thinking", "", "still thinking", []),
+    "call in reasoning": (f"<think>Or {CALLS_TEXT}?</think>It is 42.", "It is 42.", f"Or {CALLS_TEXT}?", []),
+    "reasoning after calls": (f"{CALLS_TEXT}<think>a <tool_call></think> ok", "ok", "a <tool_call>", CALLS),
+    "reasoning never closed": (f"<think>So {CALLS_TEXT}", "", f"So {CALLS_TEXT}", []),
 }
 read_hermes_calls = partial(parse_turn, call_format="hermes", tools=[CALC_TOOL])
 
@@ -92,6 +95,15 @@ def test_splitter_gives_the_same_split_whatever_the_chunks(turn):
         for j in range(i, len(text) + 1):
             content, reasoning, calls, pieces = split([text[:i], text[i:j], text[j:]])
             assert [content, reasoning, calls] == expected, (i, j)
+
+
+@pytest.mark.parametrize("turn", [turn for turn in TURNS if turn != "invalid call"])
+def test_splitter_reads_a_turn_as_training_does(turn):
+    """The server's split and training's parse_turn agree on the calls and the content of the same text."""
+    text = TURNS[turn][0]
+    content, _, calls, _ = split([text])
+    parsed = read_hermes_calls(text)
+    assert (content, calls) == (parsed.content, [(c.name, c.arguments) for c in parsed.tool_calls])
 
 
 @pytest.mark.parametrize("turn", ["greeting", "calls", "text around calls"])

@@ -10,10 +10,20 @@ Calls sit in `<tool_call>...</tool_call>` blocks whose body the configured forma
 Either way: no tool-call markup at all is an answer (whether it is a good one is the reward's
 business); unbalanced or nested tags, a body the format cannot read, or too many calls make the
 turn invalid, with a reason. The parser never raises on model text and runs in linear time.
+
+Reasoning is never read for calls. `split_reasoning` is the one rule every reader of a turn applies
+(training's parse_turn, the server's TurnSplitter, the evaluator through parse_message): scanning
+from the start, `<think>` opens reasoning up to the next `</think>`, or to the end of the turn when
+none follows; a `<tool_call>` with a `</tool_call>` after it is a call block, and its text (think
+tags included) belongs to the call; tool-call markup inside reasoning is reasoning text. The call
+rules above apply to the text outside reasoning only. A `</think>` with no block open is text: the
+parser sees the turn, not the prompt, so it cannot tell a block the generation prompt opened from a
+stray tag (docs/tool_calls.md).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -27,6 +37,7 @@ TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 THINK_OPEN = "<think>"  # reasoning before the answer or the calls; not part of either
 THINK_CLOSE = "</think>"
+_THINK_OR_CALL = re.compile(f"{re.escape(THINK_OPEN)}|{re.escape(TOOL_CALL_OPEN)}")
 
 
 class TurnKind(str, Enum):
@@ -38,7 +49,7 @@ class TurnKind(str, Enum):
 @dataclass
 class ParsedTurn:
     kind: TurnKind
-    content: str  # the text outside tool-call markup and <think> blocks, stripped
+    content: str  # the text outside tool-call markup and reasoning, stripped
     tool_calls: list[ToolCall] = field(default_factory=list)
     reason: str = ""  # why the turn is invalid; empty otherwise
 
@@ -84,11 +95,44 @@ def _without_tags(text: str, tags: tuple[str, ...]) -> str:
     return "".join(kept) + rest
 
 
+def split_reasoning(text: str) -> list[tuple[bool, str]]:
+    """`text` as (is_reasoning, piece) pairs in order, empty pieces left out: the inside of each <think>
+    block (tags dropped) and the text around the blocks, by the rule in the module docstring."""
+    pieces: list[tuple[bool, str]] = []
+    last_call_close = text.rfind(TOOL_CALL_CLOSE)  # a <tool_call> after it is not closed: no search needed
+    outside_from = pos = 0
+    while found := _THINK_OR_CALL.search(text, pos):
+        if found.group() == TOOL_CALL_OPEN:
+            closed = found.start() < last_call_close
+            pos = text.find(TOOL_CALL_CLOSE, found.end()) + len(TOOL_CALL_CLOSE) if closed else found.end()
+            continue
+        close = text.find(THINK_CLOSE, found.end())
+        end = close if close >= 0 else len(text)
+        pieces += [(False, text[outside_from : found.start()]), (True, text[found.end() : end])]
+        outside_from = pos = end + len(THINK_CLOSE) if close >= 0 else end
+    pieces.append((False, text[outside_from:]))
+    return [(reasoning, piece) for reasoning, piece in pieces if piece]
+
+
+def without_call_blocks(text: str) -> str:
+    """`text` minus every `<tool_call> ... </tool_call>` block, each closed by the nearest close tag."""
+    return _without_blocks(text, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+
+
+def _outside_reasoning(text: str) -> list[str]:
+    return [piece for reasoning, piece in split_reasoning(text) if not reasoning]
+
+
+def _visible(outside: list[str]) -> str:
+    """The user-visible text of the pieces outside reasoning: call blocks removed, and any tool-call tag
+    left over (unbalanced, or brought together by a removal), so it never holds tool-call markup."""
+    joined = "".join(without_call_blocks(piece) for piece in outside)
+    return _without_tags(joined, (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)).strip()
+
+
 def final_answer_text(text: str) -> str:
-    """The user-visible part of an assistant turn: <think> and tool-call blocks removed, and any tool-call
-    tag left over (unbalanced, or brought together by a removal), so it never holds tool-call markup."""
-    without_blocks = _without_blocks(_without_blocks(text, THINK_OPEN, THINK_CLOSE), TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
-    return _without_tags(without_blocks, (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)).strip()
+    """The user-visible part of an assistant turn: reasoning and tool-call markup removed, stripped."""
+    return _visible(_outside_reasoning(text))
 
 
 def _call_blocks(text: str) -> list[tuple[int, int]] | str:
@@ -109,6 +153,20 @@ def _call_blocks(text: str) -> list[tuple[int, int]] | str:
         pos = close + len(TOOL_CALL_CLOSE)
 
 
+def _call_bodies(outside: list[str]) -> tuple[list[str], str] | str:
+    """The body of each call block in the pieces outside reasoning and the text after the last block, or
+    why the tags do not pair up. A block never spans pieces: split_reasoning keeps each one whole."""
+    bodies: list[str] = []
+    after = ""
+    for piece in outside:
+        blocks = _call_blocks(piece)
+        if isinstance(blocks, str):
+            return blocks
+        bodies += [piece[start:end] for start, end in blocks]
+        after = piece[blocks[-1][1] + len(TOOL_CALL_CLOSE) :] if blocks else after + piece
+    return bodies, after
+
+
 def _too_many_calls(count: int, policy: CallPolicy, max_calls: int) -> str:
     """Why `count` calls are too many for one turn; empty when they are not."""
     limit = 1 if policy is CallPolicy.strict_single else max_calls
@@ -124,9 +182,10 @@ def _empty_argument(calls: list[ToolCall]) -> str:
     return ""
 
 
-def _strict_problem(text: str, last_close: int, calls: list[ToolCall]) -> str:
-    """ReTool's rules beyond the call count; empty when the turn follows them."""
-    if text[last_close + len(TOOL_CALL_CLOSE) :].strip():
+def _strict_problem(after: str, calls: list[ToolCall]) -> str:
+    """ReTool's rules beyond the call count, given the text after the last call outside reasoning; empty
+    when the turn follows them."""
+    if after.strip():
         return f"text after {TOOL_CALL_CLOSE} (a turn either calls a tool or answers)"
     return _empty_argument(calls)
 
@@ -143,23 +202,25 @@ def parse_turn(
     schemas) let a format read typed values. `max_calls` applies to the multi policy; the strict
     one allows a single call. An unknown `call_format` raises ConfigError."""
     read_call = CALL_FORMATS.get(call_format)
-    content = final_answer_text(text)
-    blocks = _call_blocks(text)
-    if isinstance(blocks, str):
-        return ParsedTurn(TurnKind.INVALID, content, reason=blocks)
-    if not blocks:
+    outside = _outside_reasoning(text)
+    content = _visible(outside)
+    found = _call_bodies(outside)
+    if isinstance(found, str):
+        return ParsedTurn(TurnKind.INVALID, content, reason=found)
+    bodies, after = found
+    if not bodies:
         return ParsedTurn(TurnKind.ANSWER, content)
-    too_many = _too_many_calls(len(blocks), policy, max_calls)
+    too_many = _too_many_calls(len(bodies), policy, max_calls)
     if too_many:
         return ParsedTurn(TurnKind.INVALID, content, reason=too_many)
     calls: list[ToolCall] = []
-    for i, (start, end) in enumerate(blocks):
-        body = text[start:end].strip()
+    for i, body in enumerate(bodies):
+        body = body.strip()
         read = read_call(body, tools) if body else "empty tool call"
         if isinstance(read, str):
             return ParsedTurn(TurnKind.INVALID, content, reason=read)
         calls.append(ToolCall(f"{call_id_prefix}_{i}", *read))
-    problem = _strict_problem(text, blocks[-1][1], calls) if policy is CallPolicy.strict_single else ""
+    problem = _strict_problem(after, calls) if policy is CallPolicy.strict_single else ""
     if problem:
         return ParsedTurn(TurnKind.INVALID, content, reason=problem)
     return ParsedTurn(TurnKind.TOOL, content, calls)

@@ -3,14 +3,17 @@
     TurnSplitter.feed(delta) -> [Piece]       text that is settled, as it arrives
     TurnSplitter.finish()    -> ([Piece], [ToolCall])
 
-Outside markup the text is `content`; inside `<think>...</think>` it is `reasoning` (an unclosed
-`<think>` runs to the end of the turn). Text that may be the start of a tag is held until the next
-delta shows whether it is one, so no tag is ever sent in part. When calls are read, everything from
-the first `<tool_call>` on is held until the turn ends, then `parse_turn` reads it: calls come out
-whole, the text around them goes through the same content/reasoning split, and a turn whose markup
-does not parse is sent as content exactly as written. Holding the rest of the turn costs a stream
-its live text after a call (rare) and buys two guarantees: a call is never sent and then found to
-be invalid, and the pieces of any split of the text add up to the same result.
+The split is `split_reasoning`'s, the rule training's `parse_turn` reads a turn by: outside markup
+the text is `content`; inside `<think>...</think>` it is `reasoning` (an unclosed `<think>` runs to
+the end of the turn) and tool-call markup there is reasoning text. Text that may be the start of a
+tag is held until the next delta shows whether it is one, so no tag is ever sent in part. From the
+first `<tool_call>` outside reasoning on, everything is held until the turn ends, then split by
+`split_reasoning` itself (inside a call block a think tag is the call's text) and, when calls are
+read, `parse_turn` reads it: calls come out whole, with their blocks removed from the content; a
+turn whose markup does not parse keeps its content exactly as written, markup and all. Without call
+reading the blocks stay in the content as text. Holding the rest of the turn costs a stream its live
+text after a call (rare) and buys two guarantees: a call is never sent and then found to be invalid,
+and the pieces of any split of the text add up to the same result.
 
 Both channels come out stripped, like `final_answer_text`: leading whitespace is dropped and
 whitespace is released only once text follows it.
@@ -18,7 +21,6 @@ whitespace is released only once text follows it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -26,14 +28,13 @@ from enum import Enum
 from minirl.protocol.parsing import (
     THINK_CLOSE,
     THINK_OPEN,
-    TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
     ParsedTurn,
     ToolCall,
     TurnKind,
+    split_reasoning,
+    without_call_blocks,
 )
-
-_CALL_BLOCK = re.compile(f"{re.escape(TOOL_CALL_OPEN)}.*?{re.escape(TOOL_CALL_CLOSE)}", re.DOTALL)
 
 
 class Channel(str, Enum):  # the values name the text fields of openai_api.ChoiceDelta
@@ -71,7 +72,7 @@ def _partial_tag(text: str, tags: tuple[str, ...]) -> int:
 
 class TurnSplitter:
     """`read_calls` parses a turn's tool calls (e.g. `parse_turn` with the protocol's format);
-    None means the turn has no calls and `<tool_call>` is plain text."""
+    None means the turn has no calls and tool-call markup is content text."""
 
     def __init__(self, read_calls: Callable[[str], ParsedTurn] | None) -> None:
         self.read_calls = read_calls
@@ -93,17 +94,19 @@ class TurnSplitter:
         if self.held is None:
             return pieces, []
         held, self.held = self.held, None
-        parsed = self.read_calls(held)
-        if parsed.kind is not TurnKind.TOOL:  # not a valid call: the model's text as it is
-            return pieces + self._emit(Channel.content, held), []
-        self.read_calls = None  # what is left has no call blocks; a stray tag stays text
-        self.pending = _CALL_BLOCK.sub("", held)
-        return pieces + self._split(final=True), parsed.tool_calls
+        parsed = self.read_calls(held) if self.read_calls else None
+        calls = parsed.tool_calls if parsed is not None and parsed.kind is TurnKind.TOOL else []
+        for reasoning, text in split_reasoning(held):
+            if reasoning:
+                pieces += self._emit(Channel.reasoning, text)
+            else:
+                pieces += self._emit(Channel.content, without_call_blocks(text) if calls else text)
+        return pieces, calls
 
     def _tags(self) -> tuple[str, ...]:
         if self.channel is Channel.reasoning:
             return (THINK_CLOSE,)
-        return (THINK_OPEN, TOOL_CALL_OPEN) if self.read_calls else (THINK_OPEN,)
+        return (THINK_OPEN, TOOL_CALL_OPEN)
 
     def _split(self, final: bool) -> list[Piece]:
         pieces: list[Piece] = []
