@@ -15,7 +15,7 @@ from minirl.errors import ConfigError
 from minirl.protocol.chat import TemplateError, next_prompt, render, suffix_prefix_overlap, turn_deltas
 from minirl.protocol.formats import CALL_FORMATS
 from minirl.protocol.observation import TRUNCATION_MARKER, ZERO_WIDTH_SPACE, control_tokens, tool_messages
-from minirl.protocol.parsing import TurnKind, parse_turn
+from minirl.protocol.parsing import TurnKind, parse_turn, split_reasoning
 from minirl.tools.base import ToolResult
 
 pytestmark = pytest.mark.fast
@@ -211,6 +211,44 @@ def test_calls_are_parsed_with_ids_and_dict_arguments():
     assert parsed.content == "Checking."
 
 
+ONE_CALL = '<tool_call>\n{"name": "calculate_math", "arguments": {"expression": "1+1"}}\n</tool_call>'
+THINK_TURNS = {  # id: (text, kind, content, number of calls)
+    "call in reasoning": (f"<think>maybe {ONE_CALL}</think>It is 2.", TurnKind.ANSWER, "It is 2.", 0),
+    "unclosed call in reasoning": ("<think>use <tool_call> here?</think>It is 2.", TurnKind.ANSWER, "It is 2.", 0),
+    "stray close in reasoning": ("<think>a </tool_call> b</think>It is 2.", TurnKind.ANSWER, "It is 2.", 0),
+    "reasoning never closed": (f"<think>still {ONE_CALL}", TurnKind.ANSWER, "", 0),
+    "call after reasoning": (f"<think>{ONE_CALL}</think>Sure.{ONE_CALL}", TurnKind.TOOL, "Sure.", 1),
+    "think tags in a call are its text": (
+        '<tool_call>{"name": "f", "arguments": {"s": "<think>x</think>"}}</tool_call>',
+        TurnKind.TOOL,
+        "",
+        1,
+    ),
+    "close without open is text": ("done</think> It is 2.", TurnKind.ANSWER, "done</think> It is 2.", 0),
+    "unclosed call outside reasoning": ("<think>x</think><tool_call>{<think>y</think>", TurnKind.INVALID, "{", 0),
+}
+
+
+@pytest.mark.parametrize("turn", THINK_TURNS)
+@pytest.mark.parametrize("policy", list(CallPolicy))
+def test_reasoning_is_never_read_for_calls(turn, policy):
+    text, kind, content, calls = THINK_TURNS[turn]
+    parsed = parse_turn(text, policy=policy)
+    assert (parsed.kind, parsed.content, len(parsed.tool_calls)) == (kind, content, calls), parsed.reason
+
+
+def test_reasoning_after_a_strict_call_is_not_text_after_it():
+    parsed = parse_turn(f"{ONE_CALL}\n<think>that should do</think>\n", policy=CallPolicy.strict_single)
+    assert parsed.kind is TurnKind.TOOL
+
+
+def test_split_reasoning_keeps_every_character_but_the_think_tags():
+    text = f"a<think>b{ONE_CALL}</think>c{ONE_CALL}<think>d"
+    pieces = split_reasoning(text)
+    assert pieces == [(False, "a"), (True, f"b{ONE_CALL}"), (False, f"c{ONE_CALL}"), (True, "d")]
+    assert "".join(piece for _, piece in pieces) == text.replace("<think>", "").replace("</think>", "")
+
+
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
@@ -340,6 +378,37 @@ def test_xml_values_are_text_unless_the_schema_declares_another_type(param, text
     parsed = parse_turn(xml_call("convert", {param: text}), "qwen3_coder", tools=[CONVERT_TOOL])
     assert parsed.kind is TurnKind.TOOL
     assert parsed.tool_calls[0].arguments == {param: expected}
+
+
+@pytest.mark.parametrize(
+    ("schema", "text", "expected"),
+    [
+        ({"anyOf": [{"type": "integer"}, {"type": "null"}]}, "5", 5),
+        ({"anyOf": [{"type": "integer"}, {"type": "null"}]}, "null", None),
+        ({"anyOf": [{"type": "integer"}, {"type": "null"}]}, "None", None),  # the template's `| string` of None
+        ({"anyOf": [{"type": "integer"}, {"type": "null"}]}, "five", "five"),  # none reads it: text, for the check
+        ({"type": ["integer", "null"]}, "42", 42),
+        ({"type": "integer", "nullable": True}, "null", None),
+        ({"anyOf": [{"type": "string"}, {"type": "null"}]}, "42", "42"),
+        ({"anyOf": [{"type": "string"}, {"type": "null"}]}, "null", None),  # null first when allowed
+        ({"type": "string"}, "null", "null"),
+        ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, "5", "5"),  # schema order: string reads it
+        ({"anyOf": [{"type": "integer"}, {"type": "string"}]}, "5", 5),
+        ({"oneOf": [{"type": "integer"}, {"type": "object"}]}, '{"k": 1}', {"k": 1}),
+        ({"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]}, '["a"]', ["a"]),
+        ({"type": "boolean"}, "True", True),  # the template's `| string` of True
+        ({"type": "boolean"}, "false", False),
+        ({"type": "boolean"}, "yes", "yes"),
+        ({"type": "integer"}, "2.5", "2.5"),
+        ({"type": "integer"}, "9" * 4000, int("9" * 4000)),  # no float overflow on the way
+        ({"type": "object"}, "{'k': 1}", "{'k': 1}"),  # a Python literal is not JSON: text
+        ({"type": "float"}, "3.14", 3.14),  # a type name JSON schema lacks reads any JSON value
+    ],
+)
+def test_xml_values_take_the_first_schema_type_that_reads_them(schema, text, expected):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"n": schema}}}}]
+    [read] = parse_turn(xml_call("f", {"n": text}), "qwen3_coder", tools=tools).tool_calls
+    assert read.arguments == {"n": expected} and type(read.arguments["n"]) is type(expected)
 
 
 @pytest.mark.parametrize("parameters", [{"properties": ["value"]}, ["value"], {"properties": {"value": "number"}}])

@@ -90,6 +90,56 @@ def test_every_problem_is_listed():
     assert len(validate_arguments(SCHEMA, {"text": 1, "unit": "mile", "extra": 0})) == 3
 
 
+OPTIONAL = {  # Optional[int] in the three spellings users' OpenAI schemas use, and a oneOf union
+    "anyOf": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+    "type list": {"type": ["integer", "null"]},
+    "nullable": {"type": "integer", "nullable": True},
+    "oneOf": {"oneOf": [{"type": "integer"}, {"type": "string", "enum": ["all"]}]},
+}
+ACCEPTED = {  # value -> the shapes that accept it
+    5: {"anyOf", "type list", "nullable", "oneOf"},
+    7.0: {"anyOf", "type list", "nullable", "oneOf"},  # an integral float is an integer
+    None: {"anyOf", "type list", "nullable"},
+    "all": {"oneOf"},
+    "5": set(),  # the text of a number reaches no integer parameter
+}
+
+
+@pytest.mark.parametrize("shape", OPTIONAL)
+@pytest.mark.parametrize("value", ACCEPTED)
+def test_optional_and_union_parameters_accept_exactly_their_alternatives(shape, value):
+    problems = validate_arguments({"type": "object", "properties": {"n": OPTIONAL[shape]}}, {"n": value})
+    assert (problems == []) is (shape in ACCEPTED[value]), problems
+
+
+@pytest.mark.parametrize(
+    ("schema", "value", "problem"),
+    [
+        (
+            OPTIONAL["anyOf"],
+            "5",
+            "argument 'n' matches none of the anyOf alternatives (argument 'n' must be of type integer, got string; "
+            "argument 'n' must be of type null, got string)",
+        ),
+        (OPTIONAL["type list"], "5", "argument 'n' must be of type integer or null, got string"),
+        (OPTIONAL["nullable"], True, "argument 'n' must be of type integer or null, got boolean"),
+        (
+            {"oneOf": [{"type": "number"}, {"type": "integer"}]},
+            3,
+            "argument 'n' matches 2 of the oneOf alternatives; it must match exactly one",
+        ),
+        (
+            {"anyOf": [{"type": "object", "required": ["x"]}, {"type": "null"}]},
+            {},
+            "argument 'n' matches none of the anyOf alternatives (missing required argument 'n.x'; "
+            "argument 'n' must be of type null, got object)",
+        ),
+    ],
+)
+def test_a_value_outside_the_alternatives_is_named(schema, value, problem):
+    assert validate_arguments({"type": "object", "properties": {"n": schema}}, {"n": value}) == [problem]
+
+
 # -- registry and schemas -----------------------------------------------------------------------
 
 

@@ -11,11 +11,19 @@ its arguments. `protocol.format` picks one by name; it must match the model's ch
 A reader takes a block body and the task's tool schemas and returns `(name, arguments)` or a
 short reason why the body is malformed. Readers never raise on model text and run in time
 linear in its length.
+
+Hermes values are JSON and carry their types. Qwen3-Coder values are text, typed by the tool's schema
+(`_typed`): a parameter's types are its `type` (one or a list), `nullable: true`, and the types of its
+`anyOf` / `oneOf` alternatives, in schema order. When the schema allows null, `null` (and `None`, how the
+template's `| string` writes Python's None) is null; otherwise the text becomes the first of those types
+that reads it (string reads any text), and stays text when none does, for the tool's schema check
+(minirl.tools.schema) to name the mismatch. Only JSON is read, never Python literals.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -104,9 +112,9 @@ _NAME = re.compile(r"[^\s<>=/]+")
 _SPACE = re.compile(r"\s*")
 
 
-def _declared_types(tools: Sequence[dict], name: str) -> dict[str, Any]:
-    """Parameter name -> its schema `type` (a string, a list of strings, or None) for tool `name`; a schema
-    that is not the object it should be declares nothing (the values stay text)."""
+def _parameter_schemas(tools: Sequence[dict], name: str) -> dict[str, dict]:
+    """Parameter name -> its schema for tool `name`; a schema that is not the object it should be declares
+    nothing (the values stay text)."""
     for tool in tools:
         function = tool.get("function", tool)
         if isinstance(function, dict) and function.get("name") == name:
@@ -114,22 +122,78 @@ def _declared_types(tools: Sequence[dict], name: str) -> dict[str, Any]:
             properties = parameters.get("properties") if isinstance(parameters, dict) else None
             if not isinstance(properties, dict):
                 return {}
-            return {key: spec.get("type") for key, spec in properties.items() if isinstance(spec, dict)}
+            return {key: spec for key, spec in properties.items() if isinstance(spec, dict)}
     return {}
 
 
-def _typed(value: str, declared: Any) -> Any:
-    """Values are text, as ReTool reads them. The template writes a non-string value as JSON text
-    (`tojson` for objects and arrays, the plain form for numbers), and a string 5 and a number 5
-    render alike, so only a parameter the schema declares without "string" is read back as JSON,
-    when it parses; otherwise the text stays and the tool's schema check names the mismatch."""
-    types = declared if isinstance(declared, list) else [declared]
-    if declared is None or "string" in types:
-        return value
+def _schema_types(schema: Any) -> list[str]:
+    """The JSON types `schema` allows, in schema order: its `type` (one or a list), "null" for
+    `nullable: true`, then the types of each `anyOf` and `oneOf` alternative."""
+    if not isinstance(schema, dict):
+        return []
+    declared = schema.get("type")
+    types = [declared] if isinstance(declared, str) else declared if isinstance(declared, list) else []
+    types = [kind for kind in types if isinstance(kind, str)] + (["null"] if schema.get("nullable") is True else [])
+    for key in ("anyOf", "oneOf"):
+        alternatives = schema.get(key)
+        for alternative in alternatives if isinstance(alternatives, list) else []:
+            types += _schema_types(alternative)
+    return types
+
+
+_UNREAD = object()  # what a text reader returns for text that is not a value of its type
+
+
+def _json_value(text: str) -> Any:
     try:
-        return _load_json(value)
+        return _load_json(text)
     except json.JSONDecodeError:
-        return value
+        return _UNREAD
+
+
+def _json_of(check: Callable[[Any], bool]) -> Callable[[str], Any]:
+    def read(text: str) -> Any:
+        value = _json_value(text)
+        return value if value is not _UNREAD and check(value) else _UNREAD
+
+    return read
+
+
+def _is_json_number(value: Any) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float) and math.isfinite(value)
+    )
+
+
+def _is_json_integer(value: Any) -> bool:
+    return _is_json_number(value) and (isinstance(value, int) or value.is_integer())
+
+
+_SPELLINGS = {  # JSON's and the template's (`| string` on Python values)
+    "null": {"null": None, "None": None},
+    "boolean": {"true": True, "false": False, "True": True, "False": False},
+}
+
+_TEXT_READERS: dict[str, Callable[[str], Any]] = {  # JSON type -> text to a value of it, or _UNREAD
+    "string": lambda text: text,
+    "null": lambda text: _SPELLINGS["null"].get(text.strip(), _UNREAD),
+    "boolean": lambda text: _SPELLINGS["boolean"].get(text.strip(), _UNREAD),
+    "integer": _json_of(_is_json_integer),
+    "number": _json_of(_is_json_number),
+    "object": _json_of(lambda value: isinstance(value, dict)),
+    "array": _json_of(lambda value: isinstance(value, list)),
+}
+
+
+def _typed(value: str, schema: dict | None) -> Any:
+    """`value` read as the first of the schema's types that reads it, null first when the schema allows it
+    (module docstring). A type the table does not know (e.g. "float") reads any JSON value."""
+    types = _schema_types(schema)
+    for kind in (["null"] if "null" in types else []) + types:
+        read = _TEXT_READERS.get(kind, _json_value)(value)
+        if read is not _UNREAD:
+            return read
+    return value
 
 
 def _unframe(value: str) -> str:
@@ -153,7 +217,7 @@ def read_qwen3_coder(body: str, tools: Sequence[dict]) -> ReadCall | str:
     if not body.endswith(FUNCTION_CLOSE):
         return f"{FUNCTION_OPEN}{name}> is not closed by {FUNCTION_CLOSE}"
     inner = body[head_end + 1 : len(body) - len(FUNCTION_CLOSE)]
-    declared = _declared_types(tools, name)
+    schemas = _parameter_schemas(tools, name)
     arguments: dict[str, Any] = {}
     pos = _SPACE.match(inner).end()
     while pos < len(inner):
@@ -171,6 +235,6 @@ def read_qwen3_coder(body: str, tools: Sequence[dict]) -> ReadCall | str:
             return f"nested tool-call markup in argument '{arg}'"
         if arg in arguments:
             return f"argument '{arg}' of '{name}' is given twice"
-        arguments[arg] = _typed(_unframe(value), declared.get(arg))
+        arguments[arg] = _typed(_unframe(value), schemas.get(arg))
         pos = _SPACE.match(inner, value_end + len(PARAMETER_CLOSE)).end()
     return name, arguments

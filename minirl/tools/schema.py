@@ -1,5 +1,7 @@
-"""The JSON-schema subset tool arguments are checked against (types, required keys, enums, nested objects
-and arrays): model-written arguments are hostile input, so every problem is named, none raises."""
+"""The JSON-schema subset tool arguments are checked against (types, one or a list of them, `nullable`,
+required keys, enums, nested objects and arrays, `anyOf` and `oneOf`): model-written arguments are hostile
+input, so every problem is named, none raises. A value matching none of the anyOf / oneOf alternatives is a
+problem that names each alternative's own; oneOf also rejects a value that matches more than one."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
     "boolean": lambda value: isinstance(value, bool),
     "object": lambda value: isinstance(value, dict),
     "array": lambda value: isinstance(value, list),
+    "null": lambda value: value is None,
 }
 
 _JSON_TYPE_NAMES: dict[type, str] = {
@@ -48,12 +51,34 @@ def _label(path: str) -> str:
     return f"argument '{path}'" if path else "arguments"
 
 
-def _problems(schema: dict, value: Any, path: str) -> list[str]:
+def _allowed_types(schema: dict) -> list[str]:
+    """The schema's own `type` (one or a list), with "null" added by `nullable: true`; empty = any type."""
     expected = schema.get("type")
-    if expected is not None and not _TYPE_CHECKS[expected](value):
-        got = _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
-        return [f"{_label(path)} must be of type {expected}, got {got}"]
+    types = [] if expected is None else [expected] if isinstance(expected, str) else list(expected)
+    return types + ["null"] if types and schema.get("nullable") is True else types
+
+
+def _alternatives_problems(schema: dict, value: Any, path: str) -> list[str]:
     problems: list[str] = []
+    for key in ("anyOf", "oneOf"):
+        if key not in schema:
+            continue
+        failures = [_problems(alternative, value, path) for alternative in schema[key]]
+        matches = sum(not failure for failure in failures)
+        if not matches:
+            reasons = "; ".join(failure[0] for failure in failures)
+            problems.append(f"{_label(path)} matches none of the {key} alternatives ({reasons})")
+        elif key == "oneOf" and matches > 1:
+            problems.append(f"{_label(path)} matches {matches} of the oneOf alternatives; it must match exactly one")
+    return problems
+
+
+def _problems(schema: dict, value: Any, path: str) -> list[str]:
+    types = _allowed_types(schema)
+    if types and not any(_TYPE_CHECKS[expected](value) for expected in types):
+        got = _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+        return [f"{_label(path)} must be of type {' or '.join(types)}, got {got}"]
+    problems = _alternatives_problems(schema, value, path)
     if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
         options = ", ".join(str(option) for option in schema["enum"])
         problems.append(f"{_label(path)} must be one of: {options}; got {json.dumps(value, ensure_ascii=False)}")
@@ -75,8 +100,8 @@ def _problems(schema: dict, value: Any, path: str) -> list[str]:
 
 
 def validate_arguments(parameters: dict, arguments: dict) -> list[str]:
-    """Problems of `arguments` against a JSON schema subset (type, required, enum, properties,
-    additionalProperties, items); empty when they are fine. bool is not a number."""
+    """Problems of `arguments` against a JSON schema subset (type, nullable, required, enum, properties,
+    additionalProperties, items, anyOf, oneOf); empty when they are fine. bool is not a number."""
     return _problems(parameters, arguments, "")
 
 
