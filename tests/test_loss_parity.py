@@ -1,8 +1,8 @@
 """minirl's advantages, losses, aggregations, KL estimators and rollout IS against verl's published formulas.
 
 Each `verl_*` function below is written here from the formula verl publishes (verl/trainer/ppo/core_algos.py,
-verl/utils/torch_functional.py, verl/trainer/ppo/rollout_corr_helper.py, verl 0.8-0.9), one row or one group at a
-time, not from its code; gradients are written out by hand. Where minirl departs from verl on purpose
+verl/utils/torch_functional.py, verl/trainer/ppo/rollout_corr_helper.py, as of verl 0.9.1), one row or one group
+at a time, not from its code; gradients are written out by hand. Where minirl departs from verl on purpose
 (docs/algorithms.md, "Where minirl departs from verl"), a test named for the departure pins the exact relation.
 Values and gradients agree to 1e-10 in float64 and 1e-5 in float32 (the reference always runs in float64).
 """
@@ -91,11 +91,10 @@ def test_ragged_case_reaches_every_clip_region():
 
 
 def verl_agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, loss_scale_factor: float) -> Tensor:
-    """verl's agg_loss, one row at a time (rows with no token left out of the seq means, as verl does since 0.6.1).
+    """verl's agg_loss, one row at a time; the seq means leave out rows with no token.
 
-    token-mean: Σ tokens / #tokens; seq-mean-token-mean: mean over non-empty rows of the row's token mean;
-    seq-mean-token-sum-norm: Σ rows of the row's token sum / loss_scale_factor (default the padded width), with
-    no division by the number of rows.
+    token-mean: Σ tokens / #tokens; seq-mean-token-mean: mean over rows of the row's token mean;
+    seq-mean-token-sum-norm: mean over rows of the row's token sum, / loss_scale_factor (default the padded width).
     """
     row_sums, row_counts = [], []
     for values, m in zip(loss_mat, mask, strict=True):
@@ -107,7 +106,8 @@ def verl_agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, loss_scale_factor: 
     if mode == "seq-mean-token-mean":
         means = [s / n for s, n in zip(row_sums, row_counts, strict=True) if n > 0]
         return sum(means) / len(means)
-    return sum(row_sums) / loss_scale_factor
+    sums = [s for s, n in zip(row_sums, row_counts, strict=True) if n > 0]
+    return sum(sums) / len(sums) / loss_scale_factor
 
 
 def token_weights(mask: Tensor, mode: str, loss_scale_factor: float) -> Tensor:
@@ -115,15 +115,6 @@ def token_weights(mask: Tensor, mode: str, loss_scale_factor: float) -> Tensor:
     per_token = torch.zeros_like(mask, requires_grad=True)
     verl_agg_loss(per_token, mask, mode, loss_scale_factor).backward()
     return per_token.grad
-
-
-def nonempty_rows(mask: Tensor) -> int:  # S of docs/algorithms.md
-    return int((mask.sum(dim=1) > 0).sum())
-
-
-def minirl_over_verl(mask: Tensor, mode: str) -> float:
-    """minirl's aggregate / verl's agg_loss: 1, except seq-mean-token-sum-norm, which minirl also divides by S."""
-    return 1 / nonempty_rows(mask) if mode == "seq-mean-token-sum-norm" else 1.0
 
 
 def verl_vanilla(logp: Tensor, old: Tensor, adv: Tensor, cfg: Cfg) -> tuple[Tensor, Tensor, Tensor]:
@@ -233,15 +224,17 @@ def verl_rloo_advantages(scores: list[float], group_size: int) -> list[float]:
 
 
 def verl_reinforce_plus_plus(token_rewards: Tensor, mask: Tensor, gamma: float, whiten_eps: float) -> Tensor:
-    """verl's compute_reinforce_plus_plus_outcome_advantage: per-token discounted returns G_t = r_t + γ G_{t+1},
-    restarted after each row's last token, then whitened over all the batch's tokens: (G - token mean) /
-    sqrt(unbiased token variance + whiten_eps) (verl's masked_whiten: whiten_eps = 1e-8). [B, T], 0 on padding."""
+    """verl's compute_reinforce_plus_plus_outcome_advantage: per-token discounted returns G_t = r_t + γ G_{t+1}
+    over the row's tokens (carried across masked spans, 0 on them), then whitened over all the batch's tokens:
+    (G - token mean) / sqrt(unbiased token variance + whiten_eps) (verl's masked_whiten: whiten_eps = 1e-8).
+    -> [B, T], 0 on padding."""
     returns = torch.zeros_like(token_rewards)
     for b in range(token_rewards.shape[0]):
         running = 0.0
         for t in reversed(range(token_rewards.shape[1])):
-            running = (token_rewards[b, t].item() + gamma * running) if mask[b, t] > 0 else 0.0
-            returns[b, t] = running
+            if mask[b, t] > 0:
+                running = token_rewards[b, t].item() + gamma * running
+                returns[b, t] = running
     kept = returns[mask > 0]
     var = ((kept - kept.mean()) ** 2).sum() / (len(kept) - 1)
     return torch.where(mask > 0, (returns - kept.mean()) / torch.sqrt(var + whiten_eps), torch.zeros_like(returns))
@@ -394,17 +387,7 @@ def test_aggregation_is_verls_agg_loss(mode, case, dtype):
     per_token = b["logp"] * b["old"]  # GARBAGE² on padding
     got = aggregate(per_token, b["mask"], mode, max_tokens_norm=10)
     want = verl_agg_loss(per_token.double(), b["mask"].double(), mode, loss_scale_factor=10)
-    assert_close(got, want * minirl_over_verl(b["mask"], mode), dtype)
-
-
-def test_departure_seq_mean_token_sum_norm_divides_by_s_and_c_where_verl_divides_by_c_only():
-    # verl: Σ_i Σ_t ℓ / loss_scale_factor (default: the padded response width); minirl: the same over S * C with
-    # S = trajectories with a sampled token (5 of 6 here) and C = loss.max_tokens_norm
-    b = make_batch("ragged", F64)
-    per_token = b["logp"] - b["ref"]
-    verl_default = verl_agg_loss(per_token, b["mask"], "seq-mean-token-sum-norm", loss_scale_factor=WIDTH)
-    got = aggregate(per_token, b["mask"], "seq-mean-token-sum-norm", max_tokens_norm=WIDTH)
-    assert got.item() == pytest.approx(verl_default.item() / 5, rel=1e-12)
+    assert_close(got, want, dtype)
 
 
 @pytest.mark.parametrize("mode", AGGS)
@@ -424,8 +407,7 @@ def test_departure_an_all_padding_batch_aggregates_to_zero(mode):
 @pytest.mark.parametrize("agg", AGGS)
 @pytest.mark.parametrize("name", ["grpo", "gspo", "cispo"])
 def test_policy_loss_values_gradients_and_clip_fraction_match_verl(name, agg, case, beta, kl, with_is, dtype):
-    # verl's actor: agg(pg * rollout_is_weights) + kl_loss_coef * agg(kl_penalty(logp, ref)), with our agg
-    # (verl's gspo always aggregates with seq-mean-token-mean: there it is verl's loss under that mode)
+    # verl's actor: agg(pg * rollout_is_weights) + kl_loss_coef * agg(kl_penalty(logp, ref)), in the same mode
     cfg = Cfg(beta=beta, kl_estimator=kl, agg=agg)
     b = make_batch(case, dtype)
     logp = b["logp"].clone().requires_grad_(True)
@@ -437,9 +419,9 @@ def test_policy_loss_values_gradients_and_clip_fraction_match_verl(name, agg, ca
     pg, pg_grad, clipped = verl_policy_loss(name, ref64, cfg)
     w_is = ref64["is"] if with_is else torch.ones_like(pg)
     kl_value, kl_grad = verl_kl(ref64["logp"], ref64["ref"], kl)
-    mask, scale = ref64["mask"], minirl_over_verl(ref64["mask"], agg)
-    want = verl_agg_loss(pg * w_is + beta * kl_value, mask, agg, cfg.max_tokens_norm) * scale
-    want_grad = token_weights(mask, agg, cfg.max_tokens_norm) * (pg_grad * w_is + beta * kl_grad) * scale
+    mask = ref64["mask"]
+    want = verl_agg_loss(pg * w_is + beta * kl_value, mask, agg, cfg.max_tokens_norm)
+    want_grad = token_weights(mask, agg, cfg.max_tokens_norm) * (pg_grad * w_is + beta * kl_grad)
 
     assert_close(out.loss, want, dtype)
     assert_close(logp.grad, want_grad, dtype)
@@ -465,9 +447,8 @@ def test_grpo_at_the_clip_bounds_keeps_the_gradient_as_verl(agg):
     out = LOSSES.get("grpo")(x, old, None, adv, mask, cfg)
     out.loss.backward()
     pg, pg_grad, _ = verl_vanilla(logp, old, adv, cfg)
-    scale = minirl_over_verl(mask, agg)
-    assert_close(out.loss, verl_agg_loss(pg, mask, agg, cfg.max_tokens_norm) * scale, F64)
-    want_grad = token_weights(mask, agg, cfg.max_tokens_norm) * pg_grad * scale
+    assert_close(out.loss, verl_agg_loss(pg, mask, agg, cfg.max_tokens_norm), F64)
+    want_grad = token_weights(mask, agg, cfg.max_tokens_norm) * pg_grad
     # at r = 1 + ε_high (A > 0) and r = 1 - ε_low (A < 0) both sides of verl's max carry -A r: the full gradient
     assert_close(x.grad, want_grad, F64)
     # at r = c (A < 0) minirl's `r > c` keeps the whole gradient too, but verl writes the dual clip as
