@@ -1,9 +1,10 @@
-r"""The last \boxed{} of a text, exact answer equivalence, ReTool's `boxed_answer` reward term and the
-success criterion behind the success-rate metrics."""
+r"""The last \boxed{} of a text, answer equivalence (the pair suite is tests/test_math_suite.py), ReTool's
+`boxed_answer` reward term and the success criterion behind the success-rate metrics."""
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from fractions import Fraction
 
@@ -19,6 +20,7 @@ from minirl.metrics import rollout_metrics, success_by_kind
 from minirl.protocol.parsing import parse_turn
 from minirl.rewards import REWARD_TERMS, SUCCESS_CRITERIA, equivalent, last_boxed, score, score_all
 from minirl.rewards import terms as T
+from minirl.rewards.math_answer import MAX_ANSWER_CHARS, MAX_ELEMENTS, MAX_EXPRESSION_CHARS, MAX_FACTORIAL
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
 from minirl.tools.base import ToolResult
 
@@ -110,9 +112,34 @@ def test_last_boxed_is_linear_on_hostile_text(text):
         (r"90^\circ", "90"),
         (r"\text{Yes}", "yes"),
         ("New   York", "new york"),
-        (r"\sqrt{2}", r"\sqrt{2}"),  # not a number: compared as text
+        (r"\sqrt{2}", r"\sqrt{2}"),
+        (r"\sqrt{4}", "2"),  # roots, pi and powers are valued
+        (r"\sqrt{117}", r"3\sqrt{13}"),
+        (r"2^{1/2}", r"\sqrt2"),
+        (r"\frac94\pi", r"\frac{9}{4}\pi"),
+        ("2-2p", "-2p+2"),  # variables take the same sample values on both sides
         ("x=y=5", "x=y=5"),
         ("(1, 2)", "(1, 2)"),
+        ("(1, 2)", "(1,2)"),  # text and structure ignore spacing
+        (r"3 \sqrt{13}", r"3\sqrt{13}"),
+        (r"[-1, -\tfrac12) \cup (1, \infty)", r"(1, \infty) \cup [-1, -\frac{1}{2})"),
+        (r"\{1, 2\}", r"\{2, 1\}"),
+        ("-2, 1", "1, -2"),
+        (r"1 \pm \sqrt{19}", r"1-\sqrt{19}, 1+\sqrt{19}"),
+        ("(C)", "C"),
+        (r"\text{(C)}", "c"),
+        (r"\$5", "5"),
+        (r"\$18.90", "18.90"),
+        (r"\cfrac{1}{3}", "1/3"),
+        (r"125\textnormal{ miles}", "125"),
+        (r"3\frac{1}{2}", "7/2"),
+        ("28 percent", r"28\%"),
+        (r"32,\! 349", "32349"),
+        (r"10 \text{ cm}^2", "10"),
+        ("5 apples", "5"),  # a plain word after a number is a unit
+        (r"0.\overline{3}", "1/3"),
+        (r"5 \geq x", r"x \leq 5"),
+        ("x^2/4 + y^2/3 = 1", "x^2/16 + y^2/12 = 1/4"),  # equations agree up to a constant factor
     ],
 )
 def test_equivalent(answer, reference):
@@ -134,10 +161,17 @@ def test_equivalent(answer, reference):
         ("f(x)=5", "5"),
         ("x=y=5", "5"),
         ("x=y=5", "z=y=5"),  # the prefix goes only when no other "=" follows
-        ("5 apples", "5"),
-        (r"\text{5 apples}", "5"),
-        (r"\sqrt{4}", "2"),  # \sqrt is not evaluated
+        ("5 thousand", "5"),  # a number word is not a unit
+        (r"\sqrt{2}", "1.41421356"),  # an approximation is not the exact value
+        (r"\pi", "3.14"),
         (r"2^\frac{1}{2}", "1"),
+        ("2-2p", "2-2q"),
+        ("(1, 2)", "[1, 2]"),  # brackets count
+        ("(1, 2)", "(2, 1)"),  # and so does order in a tuple
+        (r"\{1, 2\}", r"\{1, 2, 3\}"),
+        ("32, 349", "32349"),
+        ("x < 5", "x > 5"),
+        ("B", "C"),
         ("yes", "no"),
         ("", ""),
         ("   ", "0"),
@@ -168,13 +202,35 @@ def test_not_equivalent(answer, reference):
         "{" * 100_000,
         "1,2" * 300_000,
         "\\text{" * 100_000,
+        "1" * 10_000,  # a 10,000-character box
+        "\\sqrt{" * 1_500 + "2" + "}" * 1_500,
+        "1000!",
+        "200!^{200!}",
+        r"\sin(10^{300})",
+        r"\exp(10^{300})",
+        "x^{x^{x^{x^{x^{x}}}}}",
+        ",".join(["\\sqrt{2}"] * 5_000),
     ],
 )
 def test_huge_or_hostile_answers_are_false_quickly(answer):
+    # per-check latency is measured in experiments/bench_math_answer.py; this bound is generous
     started = time.perf_counter()
     assert not equivalent(answer, "7")
     equivalent(answer, answer)  # must not hang or raise, whatever the verdict
     assert time.perf_counter() - started < 2.0
+
+
+def test_the_bounds_are_structural():
+    ones = (MAX_EXPRESSION_CHARS + 1) // 2  # "1+1+...+1" of at most MAX_EXPRESSION_CHARS characters
+    assert equivalent("+".join(["1"] * ones), str(ones))
+    assert not equivalent("+".join(["1"] * (ones + 1)), str(ones + 1))  # longer: text only
+    assert equivalent("7" * MAX_ANSWER_CHARS, "7" * MAX_ANSWER_CHARS)  # as text
+    assert not equivalent("7" * (MAX_ANSWER_CHARS + 1), "7" * (MAX_ANSWER_CHARS + 1))  # too long to be an answer
+    assert equivalent(", ".join(["1"] * MAX_ELEMENTS), "1, 1")  # sets ignore repeats
+    assert not equivalent(", ".join(["1"] * (MAX_ELEMENTS + 1)), "1, 1")  # more elements: text only
+    assert equivalent(f"{MAX_FACTORIAL}!", str(math.factorial(MAX_FACTORIAL)))
+    assert not equivalent(f"{MAX_FACTORIAL + 1}!", f"{MAX_FACTORIAL + 1}!")
+    assert equivalent("10^{399}", "1" + "0" * 399) and not equivalent("10^{400}", "10^{400}")  # MAX_DIGITS
 
 
 def test_big_values_within_the_bounds_are_exact():
