@@ -22,7 +22,7 @@ endif
 
 TEST_ENV := WANDB_MODE=offline HF_HUB_OFFLINE=1
 
-.PHONY: help install test test-fast lint demo clean
+.PHONY: help install test test-fast lint demo clean parity
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -56,6 +56,19 @@ lint: $(SETUP) ## ruff lint and format check, and the import-layer contract
 
 demo: $(SETUP) ## the default run: build + warm-start the tiny model, then agentic RL on CPU
 	$(PYTHON) -m minirl.train
+
+# `make parity`: verl and what its core_algos imports, installed with --no-deps into PARITY_DIR, a folder put on
+# PYTHONPATH, so that the project's interpreter, torch and minirl stay as they are (none of this is in `make test`)
+PARITY_DIR ?= .parity
+PARITY_PACKAGES ?= verl==0.9.1 tensordict==0.15.3 pyvers==0.2.3 codetiming==1.4.0 ray==2.60.0 msgpack==1.2.4
+
+$(PARITY_DIR)/.installed: Makefile | $(SETUP)
+	$(PYTHON) -m pip install -q --no-deps --upgrade --target $(PARITY_DIR) $(PARITY_PACKAGES)
+	touch $@
+
+parity: $(SETUP) $(PARITY_DIR)/.installed ## minirl's losses, advantages, KL and IS against verl's own functions
+	PYTHONPATH=$(PARITY_DIR) $(PYTHON) -c "import verl.trainer.ppo.core_algos, verl.trainer.ppo.rollout_corr_helper"
+	$(TEST_ENV) PYTHONPATH=$(PARITY_DIR) $(PYTHON) -m pytest -q tests/test_verl_parity.py
 
 clean: ## remove run outputs
 	rm -rf outputs multirun
