@@ -12,22 +12,32 @@ import json
 import socket
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from statistics import fmean
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
+from openai.types.chat import ChatCompletion
 from support import CALC_TOOL, CONVERSATION, GREETING
 
-from minirl.config import CallPolicy, Config, register_configs, to_config
+from minirl.config import CallPolicy, Config, ProtocolConfig, register_configs, to_config
 from minirl.data.jsonl import write_jsonl
+from minirl.data.task import Task
 from minirl.entry import CONF_DIR
 from minirl.errors import ConfigError
+from minirl.evaluation.chat_loop import run_chat_agent
 from minirl.evaluation.compare import paired_rows
 from minirl.evaluation.evaluator import evaluate
 from minirl.evaluation.report import EvalReport, ReportError
 from minirl.metrics import sign_test_p
-from minirl.protocol.parsing import TurnKind, parse_message
+from minirl.protocol.parsing import TurnKind, parse_message, parse_turn
+from minirl.rollout.agent_loop import AgentLimits
+from minirl.rollout.engine import SamplingParams
+from minirl.serving.openai_api import Choice, ChoiceDelta, ResponseHeader
+from minirl.serving.turn_splitter import TurnSplitter
+from minirl.tools import ToolExecutor, build_tools
 
 register_configs()
 
@@ -208,6 +218,43 @@ def test_structured_calls_follow_the_turn_rules():
     for reason, turn in invalid.items():
         assert turn.kind is TurnKind.INVALID and reason in turn.reason, (reason, turn)
     assert parse("<think>x</think>Hi!", []).content == "Hi!"
+
+
+CALC = '<tool_call>\n{"name": "calculate_math", "arguments": {"expression": "6 * 7"}}\n</tool_call>'
+SERVED_TURNS = {  # turns whose reasoning holds call markup; training reads none of it as calls
+    "call in reasoning": f"<think>Or {CALC}?</think>It is 42.",
+    "calls after reasoning": f"<think>One product. {CALC[:20]}</think>Computing.\n{CALC}",
+    "reasoning never closed": f"<think>Maybe {CALC}",
+}
+
+
+class ServedResponses:
+    """An OpenAI client whose endpoint answers every request with `completion` (a minirl server response)."""
+
+    def __init__(self, completion) -> None:
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=lambda **request: completion))
+
+
+@pytest.mark.parametrize("turn", SERVED_TURNS)
+def test_the_evaluator_reads_a_served_turn_as_training_does(turn):
+    """The same text, split and answered by the server's TurnSplitter and response objects and read back by
+    the evaluator's chat loop, gives the turn training's parse_turn gives."""
+    text, protocol = SERVED_TURNS[turn], ProtocolConfig()
+    read_calls = partial(parse_turn, call_format=protocol.format, tools=[CALC_TOOL])
+    splitter, choice = TurnSplitter(read_calls), Choice(0)
+    pieces = splitter.feed(text)
+    tail, calls = splitter.finish()
+    for piece in [*pieces, *tail]:
+        choice.add(ChoiceDelta(0, **{piece.channel.value: piece.text}))
+    choice.add(ChoiceDelta(0, tool_calls=calls, finish_reason="tool_calls" if calls else "stop"))
+    completion = ChatCompletion.model_validate(ResponseHeader("chatcmpl-0", 0, "m").completion([choice], 1))
+    executor = ToolExecutor(build_tools(["calculate_math"]), timeout_s=2.0, max_output_chars=256)
+    task = Task("t", [{"role": "user", "content": "6 * 7?"}], [CALC_TOOL], ["42"])
+    limits, sampling = AgentLimits(1, 64, 4096, 4), SamplingParams(max_new_tokens=64)
+    [traj] = run_chat_agent(ServedResponses(completion), "m", executor, [task], 1, limits, sampling, protocol, 1)
+    served, trained = traj.turns[0].parsed, read_calls(text)
+    assert (served.kind, served.content) == (trained.kind, trained.content)
+    assert [(c.name, c.arguments) for c in served.tool_calls] == [(c.name, c.arguments) for c in trained.tool_calls]
 
 
 # -- the command line -------------------------------------------------------------------------------------------

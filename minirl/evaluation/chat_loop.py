@@ -5,7 +5,8 @@ the task's tools, read `message.content`, `message.tool_calls` and `finish_reaso
 ToolExecutor, append the assistant message and one tool message per call (`tool_call_id`, `name`), repeat. The
 same turn, tool-call and token budgets end a conversation for the same reasons, and the turns are the same
 `Turn` objects (parse_message applies parse_turn's rules), so one reward and success code scores both backends;
-reasoning the endpoint returns apart (`reasoning_content`) goes back into the turn's text as a <think> block.
+reasoning the endpoint returns apart (`reasoning_content`) goes back into the turn's text as a <think> block, and
+a <think> block an endpoint leaves in the content is reasoning there too, never read for calls (split_reasoning).
 
 Where it differs: the endpoint renders the conversation itself, so there are no token ids or log-probs; the
 total-token budget is read from the response's `usage` (when the endpoint reports it), and a turn past it is
