@@ -199,7 +199,8 @@ def _clean(text: str) -> str:
     text = _UNIT_SIGN_AT_END.sub("", text.strip())
     text = _UNIT_WORD_AT_END.sub("", text)
     text = _THOUSANDS.sub(lambda m: _without_separators(m, text), text.strip())
-    text = _REPEATING.sub(_repeating_decimal, text)
+    if r"\overline" in text:  # the pattern backtracks at every digit; most answers have none
+        text = _REPEATING.sub(_repeating_decimal, text)
     variable = _VARIABLE.match(text)
     if variable and not _EQUALS_OR_LETTER.search(text, variable.end()):  # y = 2x + 1 is an equation
         text = text[variable.end() :]
@@ -311,7 +312,8 @@ def _signs(part: str) -> list[str]:
 
 
 def _text_key(text: str) -> str:
-    return _UNSPACED.sub("", " ".join(text.split())).casefold()
+    key = " ".join(text.split())
+    return (_UNSPACED.sub("", key) if " " in key else key).casefold()
 
 
 def _same(a: Meaning, b: Meaning) -> bool:
@@ -333,7 +335,7 @@ def _same(a: Meaning, b: Meaning) -> bool:
 
 # -- values ------------------------------------------------------------------------------------
 
-Samples = tuple  # (mpf | None, ...): the value at each sample point, None where it has none
+Samples = tuple  # (mpf | None, ...): the value at each sample point (one for a constant), None where it has none
 Value = Fraction | Samples | None  # None: arithmetic without a value
 
 
@@ -360,7 +362,7 @@ def _scalar(text: str) -> Meaning:
     samples = tuple(_NumericEvaluator(expression, point).defined_value(tree) for point in range(points))
     if all(sample is None for sample in samples):
         return ("value", None)
-    return ("value", samples * (SAMPLE_POINTS // points))
+    return ("value", samples)
 
 
 def _same_value(a: Value, b: Value) -> bool:
@@ -368,10 +370,10 @@ def _same_value(a: Value, b: Value) -> bool:
         return False
     if isinstance(a, Fraction) and isinstance(b, Fraction):
         return a == b
-    a, b = _as_samples(a), _as_samples(b)
-    if any((x is None) != (y is None) for x, y in zip(a, b)):
+    pairs = _sample_pairs(a, b)
+    if any((x is None) != (y is None) for x, y in pairs):
         return False
-    return all(_close(x, y) for x, y in zip(a, b) if x is not None)
+    return all(_close(x, y) for x, y in pairs if x is not None)
 
 
 def _proportional(a: Value, b: Value, positive: bool) -> bool:
@@ -379,7 +381,7 @@ def _proportional(a: Value, b: Value, positive: bool) -> bool:
     if a is None or b is None:
         return False
     ratios = []
-    for x, y in zip(_as_samples(a), _as_samples(b)):
+    for x, y in _sample_pairs(a, b):
         if (x is None) != (y is None):
             return False
         if x is None:
@@ -394,10 +396,12 @@ def _proportional(a: Value, b: Value, positive: bool) -> bool:
     return ratios[0] > 0 or not positive
 
 
-def _as_samples(value: Fraction | Samples) -> Samples:
-    if isinstance(value, Fraction):
-        return (_MP.mpf(value.numerator) / value.denominator,) * SAMPLE_POINTS
-    return value
+def _sample_pairs(a: Fraction | Samples, b: Fraction | Samples) -> list[tuple]:
+    """The two values side by side at each sample; a constant has one sample, the same at every point."""
+    a, b = (((_MP.mpf(v.numerator) / v.denominator),) if isinstance(v, Fraction) else v for v in (a, b))
+    if len(a) != len(b):
+        a, b = (a * SAMPLE_POINTS)[:SAMPLE_POINTS], (b * SAMPLE_POINTS)[:SAMPLE_POINTS]
+    return list(zip(a, b))
 
 
 def _close(x: mpmath.mpf, y: mpmath.mpf) -> bool:
