@@ -132,7 +132,10 @@ def micro_batch_share(
 
 # -- losses ------------------------------------------------------------------------------------
 
-MAX_LOG_RATIO = 20.0  # grpo clamps log pi_theta - log pi_old here, so that exp() stays finite (as verl)
+# as verl, so that exp() stays finite: grpo and cispo clamp log pi_theta - log pi_old to +-MAX_LOG_RATIO, gspo
+# caps log s_i at MAX_SEQ_LOG_RATIO (a capped sequence has no gradient)
+MAX_LOG_RATIO = 20.0
+MAX_SEQ_LOG_RATIO = 10.0
 
 Loss = Callable[[Tensor, Tensor, Tensor | None, Tensor, Tensor, LossSettings], LossOut]
 LOSSES: Registry[Loss] = Registry("loss")
@@ -253,13 +256,15 @@ def gspo_loss(
     the paper's (1/G) sum_i J_i; token-mean weighs a sequence by its length instead. The clip is decided per
     sequence: a clipped sequence gives none of its tokens a gradient, and loss/clip_frac counts the tokens of
     clipped sequences. Since s_i is a per-token geometric mean, the paper's range is tiny (3e-4, 4e-4).
+    As verl, log s_i is capped at MAX_SEQ_LOG_RATIO: a sequence past it has s_i = exp(10) and no gradient.
     """
     _check_shapes(logp, old_logp, ref_logp, advantages, mask)
     a = advantages.detach().unsqueeze(1)  # [B, 1]
     keep = mask > 0
     token_log_ratio = torch.where(keep, logp - old_logp.detach(), torch.zeros_like(logp))  # [B, T]
     seq_log_ratio = token_log_ratio.sum(dim=1) / keep.sum(dim=1).clamp(min=1)  # [B] log s_i; 0 for an empty row
-    ratio = torch.exp(seq_log_ratio.detach().unsqueeze(1) + logp - logp.detach())  # [B, T] value s_i, grad s_i
+    log_ratio = seq_log_ratio.detach().unsqueeze(1) + logp - logp.detach()  # [B, T] value log s_i, grad 1
+    ratio = torch.exp(log_ratio.clamp(max=MAX_SEQ_LOG_RATIO))  # [B, T] value s_i, grad s_i
     pg, clipped = _ppo_clip(ratio, a, cfg)
     return _finish(pg, ratio, clipped, logp, ref_logp, mask, cfg, is_weights)
 
@@ -282,10 +287,12 @@ def cispo_loss(
     gradient of magnitude <= (1 + clip_high) |A|. The paper imposes no lower bound in practice (it sets
     eps_low large); minirl/conf/loss/cispo.yaml does the same with clip_low: 1.0, where the bound 1 - clip_low = 0
     never binds since r > 0. TRL's loss_type="cispo" clamps from above only, at epsilon_high = 1 + clip_high.
+    As verl, log r_t is clamped to +-MAX_LOG_RATIO before exp().
     """
     _check_shapes(logp, old_logp, ref_logp, advantages, mask)
     a = advantages.detach().unsqueeze(1)  # [B, 1]
-    ratio = torch.exp(logp.detach() - old_logp.detach())  # [B, T] no gradient: a weight, not a path
+    log_ratio = (logp.detach() - old_logp.detach()).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)  # [B, T] no gradient: a weight, not a path
     low, high = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
     weight = ratio.clamp(low, high)
     pg = -(weight * a * logp)  # d pg / d logp = -weight * A
