@@ -194,7 +194,8 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
-    gpu_memory_utilization: float = 0.4  # vllm only
+    gpu_memory_utilization: float = 0.4  # vllm only: share of GPU memory (on CPU: of RAM) vLLM may take
+    max_model_len: int = 0  # vllm only: its context length; 0 = max_total_tokens + max_new_tokens (at most the model's)
 
     def __post_init__(self) -> None:
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1")
@@ -209,6 +210,12 @@ class RolloutConfig:
         )
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.top_k >= 0, "rollout.top_k", "must be >= 0")
+        _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
+        _check(
+            self.max_model_len == 0 or self.max_model_len > self.max_new_tokens,
+            "rollout.max_model_len",
+            f"must be 0 (derived) or exceed max_new_tokens, got {self.max_model_len}",
+        )
 
 
 @dataclass

@@ -77,7 +77,6 @@ ENGINES: Registry[type] = Registry("rollout engine")
 
 
 def build_engine(cfg: RolloutConfig, model, tokenizer, device, model_path: str) -> Engine:
-    """The configured engine (`rollout.engine`) sampling from `model`, loaded from `model_path`."""
-    return ENGINES.get(cfg.engine)(
-        model, tokenizer, device, model_path=model_path, gpu_memory_utilization=cfg.gpu_memory_utilization
-    )
+    """The configured engine (`rollout.engine`) sampling from `model`, loaded from `model_path`; an engine reads
+    what it needs of `cfg` (vllm: its memory share and context length)."""
+    return ENGINES.get(cfg.engine)(model, tokenizer, device, model_path=model_path, config=cfg)
