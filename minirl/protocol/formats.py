@@ -23,12 +23,12 @@ that reads it (string reads any text), and stays text when none does, for the to
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from minirl.registry import Registry
+from minirl.tools.schema import TYPE_CHECKS, allowed_types
 
 ReadCall = tuple[str, dict[str, Any]]  # (tool name, arguments)
 CallReader = Callable[[str, Sequence[dict]], "ReadCall | str"]
@@ -127,13 +127,11 @@ def _parameter_schemas(tools: Sequence[dict], name: str) -> dict[str, dict]:
 
 
 def _schema_types(schema: Any) -> list[str]:
-    """The JSON types `schema` allows, in schema order: its `type` (one or a list), "null" for
-    `nullable: true`, then the types of each `anyOf` and `oneOf` alternative."""
+    """The JSON types `schema` allows, in schema order: its own (`type`, one or a list, and "null" for
+    `nullable: true`), then the types of each `anyOf` and `oneOf` alternative."""
     if not isinstance(schema, dict):
         return []
-    declared = schema.get("type")
-    types = [declared] if isinstance(declared, str) else declared if isinstance(declared, list) else []
-    types = [kind for kind in types if isinstance(kind, str)] + (["null"] if schema.get("nullable") is True else [])
+    types = [kind for kind in allowed_types(schema) if isinstance(kind, str)]
     for key in ("anyOf", "oneOf"):
         alternatives = schema.get(key)
         for alternative in alternatives if isinstance(alternatives, list) else []:
@@ -151,22 +149,14 @@ def _json_value(text: str) -> Any:
         return _UNREAD
 
 
-def _json_of(check: Callable[[Any], bool]) -> Callable[[str], Any]:
+def _json_of(kind: str) -> Callable[[str], Any]:
+    """A reader of JSON text that is a value of JSON type `kind`, by the argument check's own type test."""
+
     def read(text: str) -> Any:
         value = _json_value(text)
-        return value if value is not _UNREAD and check(value) else _UNREAD
+        return value if value is not _UNREAD and TYPE_CHECKS[kind](value) else _UNREAD
 
     return read
-
-
-def _is_json_number(value: Any) -> bool:
-    return (isinstance(value, int) and not isinstance(value, bool)) or (
-        isinstance(value, float) and math.isfinite(value)
-    )
-
-
-def _is_json_integer(value: Any) -> bool:
-    return _is_json_number(value) and (isinstance(value, int) or value.is_integer())
 
 
 _SPELLINGS = {  # JSON's and the template's (`| string` on Python values)
@@ -178,10 +168,10 @@ _TEXT_READERS: dict[str, Callable[[str], Any]] = {  # JSON type -> text to a val
     "string": lambda text: text,
     "null": lambda text: _SPELLINGS["null"].get(text.strip(), _UNREAD),
     "boolean": lambda text: _SPELLINGS["boolean"].get(text.strip(), _UNREAD),
-    "integer": _json_of(_is_json_integer),
-    "number": _json_of(_is_json_number),
-    "object": _json_of(lambda value: isinstance(value, dict)),
-    "array": _json_of(lambda value: isinstance(value, list)),
+    "integer": _json_of("integer"),
+    "number": _json_of("number"),
+    "object": _json_of("object"),
+    "array": _json_of("array"),
 }
 
 

@@ -21,7 +21,7 @@ def _is_integer(value: Any) -> bool:
     return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
 
 
-_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
+TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {  # JSON type -> whether a Python value is one
     "string": lambda value: isinstance(value, str),
     "number": _is_number,
     "integer": _is_integer,
@@ -51,10 +51,10 @@ def _label(path: str) -> str:
     return f"argument '{path}'" if path else "arguments"
 
 
-def _allowed_types(schema: dict) -> list[str]:
+def allowed_types(schema: dict) -> list[str]:
     """The schema's own `type` (one or a list), with "null" added by `nullable: true`; empty = any type."""
     expected = schema.get("type")
-    types = [] if expected is None else [expected] if isinstance(expected, str) else list(expected)
+    types = [expected] if isinstance(expected, str) else list(expected) if isinstance(expected, list) else []
     return types + ["null"] if types and schema.get("nullable") is True else types
 
 
@@ -74,8 +74,8 @@ def _alternatives_problems(schema: dict, value: Any, path: str) -> list[str]:
 
 
 def _problems(schema: dict, value: Any, path: str) -> list[str]:
-    types = _allowed_types(schema)
-    if types and not any(_TYPE_CHECKS[expected](value) for expected in types):
+    types = allowed_types(schema)
+    if types and not any(TYPE_CHECKS[expected](value) for expected in types):
         got = _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
         return [f"{_label(path)} must be of type {' or '.join(types)}, got {got}"]
     problems = _alternatives_problems(schema, value, path)
