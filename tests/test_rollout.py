@@ -156,6 +156,16 @@ def test_token_budget_ends_the_trajectory(tokenizer, executor, tasks):
     assert all(len(t.response_ids) == 5 and sum(t.action_mask) == 5 for t in trajs)
 
 
+def test_a_first_prompt_that_fills_the_token_budget_samples_nothing(tokenizer, executor, tasks):
+    """Such a prompt is never sent (an engine whose context is max_total_tokens + max_new_tokens, vLLM's, would
+    refuse it); its trajectories end at once, with no response tokens."""
+    prompt = len(render(tokenizer, tasks[0].messages, tasks[0].tools, True))
+    trajs, engine = run(tokenizer, executor, tasks[:1], ["It is sunny."], max_total=prompt)
+    assert engine.calls == 0
+    assert [t.finish_reason for t in trajs] == [TrajectoryEnd.TOKEN_BUDGET] * 2
+    assert all(not t.response_ids and not t.turns for t in trajs)
+
+
 def test_unknown_tool_becomes_an_error_observation_and_the_run_goes_on(tokenizer, executor, tasks):
     bad = '<tool_call>\n{"name": "launch_rockets", "arguments": {}}\n</tool_call>'
     trajs, _ = run(tokenizer, executor, tasks, [bad, "Sorry."])

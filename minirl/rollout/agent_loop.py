@@ -67,12 +67,16 @@ def run_agent(
     protocol: ProtocolConfig,
 ) -> list[Trajectory]:
     """`group_size` trajectories per task; trajectories of one task are contiguous. `protocol` says
-    how calls are read (format, call policy) and how many tokens of each tool result the model sees."""
+    how calls are read (format, call policy) and how many tokens of each tool result the model sees. A task
+    whose first prompt alone fills limits.max_total_tokens samples nothing: its trajectories end at once
+    (TOKEN_BUDGET, no response tokens)."""
     live: list[_Live] = []
     for index, task in enumerate(tasks):
         prompt = render(tokenizer, task.messages, task.tools, add_generation_prompt=True)
         for _ in range(group_size):
             live.append(_Live(Trajectory(task, index, list(prompt)), list(prompt), list(task.messages)))
+            if len(prompt) >= limits.max_total_tokens:
+                live[-1].traj.finish_reason = TrajectoryEnd.TOKEN_BUDGET
     trajectories = [s.traj for s in live]
     for turn_index in range(limits.max_turns):
         live = [s for s in live if not s.traj.done]
