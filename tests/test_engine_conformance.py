@@ -136,18 +136,6 @@ def trainer_scores(model, ids: list[int]) -> torch.Tensor:  # [T - 1] log p(ids[
     return logits.log_softmax(dim=-1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
 
 
-def engine_scores(engine, ids: list[int]) -> torch.Tensor:  # [T - 1] the engine's log p(ids[t] | ids[:t])
-    """A fixed sequence's log-probs as the engine computes them: vLLM's prompt log-probs; the module engines
-    sample on the module they were last synced to (`engine.model`), so its forward pass."""
-    if engine.name != "vllm":
-        return trainer_scores(engine.model, ids)
-    import vllm
-
-    params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-    [out] = engine.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
-    return torch.tensor([step[token].logprob for step, token in zip(out.prompt_logprobs[1:], ids[1:])])
-
-
 def max_gap(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
@@ -222,7 +210,7 @@ def test_after_sync_weights_the_engine_scores_as_the_new_weights_do(policy, engi
     model, tokenizer, _ = policy
     bound = LOGPROB_BOUND[engine.name]
     ids = render(tokenizer, GREETING, None, add_generation_prompt=False)[:40]
-    assert max_gap(engine_scores(engine, ids), trainer_scores(model, ids)) < bound
+    assert max_gap(engine.score(ids), trainer_scores(model, ids)) < bound
     first_prompt = prompt_ids(tokenizer, UNSEEN)
     [first] = engine.generate([first_prompt], SamplingParams(16, 1.0, seed=1))  # cached under the old weights
     updated = copy.deepcopy(model)
@@ -234,7 +222,7 @@ def test_after_sync_weights_the_engine_scores_as_the_new_weights_do(policy, engi
     engine.sync_weights(updated)
     print(f"{engine.name} sync_weights: {time.perf_counter() - start:.3f} s")
     try:
-        scores = engine_scores(engine, ids)
+        scores = engine.score(ids)
         new_gap, old_gap = max_gap(scores, trainer_scores(updated, ids)), max_gap(scores, trainer_scores(model, ids))
         print(f"{engine.name} after sync: gap to the new weights {new_gap:.1e}, to the old {old_gap:.1e}")
         assert new_gap < bound and old_gap > MOVED
@@ -247,7 +235,7 @@ def test_after_sync_weights_the_engine_scores_as_the_new_weights_do(policy, engi
         assert max_gap(sampled, trainer_scores(model, continued + sample.token_ids)[-n:]) > MOVED
     finally:
         engine.sync_weights(model)
-    assert max_gap(engine_scores(engine, ids), trainer_scores(model, ids)) < bound
+    assert max_gap(engine.score(ids), trainer_scores(model, ids)) < bound
 
 
 def test_a_turn_ends_on_its_end_token_which_comes_back_or_at_max_new_tokens(policy, engine):

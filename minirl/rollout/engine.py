@@ -15,7 +15,7 @@ from minirl.registry import Registry
 if TYPE_CHECKING:
     from minirl.config import RolloutConfig
 
-__all__ = ["ENGINES", "Completion", "Engine", "ModuleEngine", "SamplingParams", "build_engine"]
+__all__ = ["ENGINES", "Completion", "Engine", "ModuleEngine", "SamplingParams", "build_engine", "sequence_logprobs"]
 
 
 @dataclass
@@ -36,6 +36,28 @@ class Engine(Protocol):
     def sync_weights(self, model) -> None:
         """Make the next generate() sample from `model`'s current weights."""
 
+    def free_memory(self) -> None:
+        """Called after a rollout, before the update: free what sampling holds that training could use (vLLM on
+        CUDA sleeps); the next sync_weights restores it."""
+
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        """[T - 1] log p(token_ids[t] | token_ids[:t]) for t >= 1 under the weights the engine samples from, of
+        the raw distribution (temperature 1, no top-k/top-p); draws no random numbers."""
+
+
+@torch.no_grad()
+def sequence_logprobs(model, token_ids: list[int], device: torch.device) -> torch.Tensor:
+    """[T - 1] log p(token_ids[t] | token_ids[:t]) under `model`'s raw distribution, in fp32, on the CPU; the
+    module is in eval mode for the forward pass, then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        ids = torch.tensor([token_ids], device=device)
+        logits = model(ids).logits[0, :-1].float()
+    finally:
+        model.train(was_training)
+    return logits.log_softmax(dim=-1).gather(-1, ids[0, 1:, None]).squeeze(-1).cpu()
+
 
 class ModuleEngine:
     """Base of the engines that sample on the trained module itself (CPU or one GPU): a weight sync has
@@ -50,6 +72,12 @@ class ModuleEngine:
 
     def sync_weights(self, model) -> None:
         self.model = model
+
+    def free_memory(self) -> None:
+        pass  # generate holds nothing past its call
+
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        return sequence_logprobs(self.model, token_ids, self.device)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:

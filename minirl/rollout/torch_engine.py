@@ -30,6 +30,9 @@ class TorchEngine(ModuleEngine):
         super().sync_weights(model)
         self.finished = PrefixStore()  # computed by the old weights
 
+    def free_memory(self) -> None:
+        self.finished = PrefixStore()  # the update changes the weights that computed them: free them now
+
     def sample(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         loop = DecodeLoop(self.model, self.pad_id, self.end_ids, reuse=self.finished, store=PrefixStore())
         self.finished = loop.store
