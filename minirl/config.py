@@ -196,6 +196,10 @@ class RolloutConfig:
     top_k: int = 0  # 0 = off
     gpu_memory_utilization: float = 0.4  # vllm only: share of GPU memory (on CPU: of RAM) vLLM may take
     max_model_len: int = 0  # vllm only: its context length; 0 = max_total_tokens + max_new_tokens (at most the model's)
+    sleep_while_training: bool = True  # vllm on CUDA: sleep (KV cache freed) from each rollout to the weight sync
+    # every this many steps, check that the engine samples from the updated weights (minirl/training/sync_check.py):
+    # one sequence scored by the engine and by the trainer before and after the update; 0 = off
+    sync_check_every: int = 10
 
     def __post_init__(self) -> None:
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1")
@@ -210,6 +214,7 @@ class RolloutConfig:
         )
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.top_k >= 0, "rollout.top_k", "must be >= 0")
+        _check(self.sync_check_every >= 0, "rollout.sync_check_every", "must be >= 0 (0 = off)")
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
         _check(
             self.max_model_len == 0 or self.max_model_len > self.max_new_tokens,

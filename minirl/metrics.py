@@ -28,6 +28,8 @@ def rollout_metrics(trajs: list[Trajectory], solved: SuccessCriterion, prefix: s
     out = {
         "reward/mean": fmean(rewards),
         "reward/std": pstdev(rewards),
+        "rollout/trajectories": float(len(trajs)),
+        "rollout/sampled_tokens": float(sum(sampled)),  # this batch's, over all its trajectories
         "rollout/response_tokens_mean": fmean(sampled),
         "rollout/response_tokens_max": float(max(sampled)),
         "rollout/response_clipped_frac": fmean(truncated(t) for t in trajs),  # turn_tokens or token_budget

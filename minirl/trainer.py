@@ -1,11 +1,13 @@
 """The RL training loop: setup, `fit`, `train_step` and state/resume. Each step reads top to bottom:
 
     rollout -> reward (-> guidance, dynamic sampling) -> advantage -> loss + optimizer steps -> weight sync
-    -> metrics (-> trajectories.jsonl every trainer.trajectories_every steps -> held-out eval -> checkpoint)
+    (-> sync check) -> metrics (-> trajectories.jsonl every trainer.trajectories_every steps -> held-out eval
+    -> checkpoint)
 
 The parts of a step are functions with explicit inputs in minirl/training/: which groups a step learns
 from (groups.py), reward shaping (shaping.py), the tensor layout (batch.py), pi_old, the rollout
-correction and the optimizer steps (update.py). A step whose loss or gradient is not finite skips its
+correction and the optimizer steps (update.py), the check that the sampler moved with the trainer every
+rollout.sync_check_every steps (sync_check.py). A step whose loss or gradient is not finite skips its
 update (trainer.max_bad_steps in a row stop the run); `trainer.resume=auto` continues from the run
 directory's newest checkpoint (minirl/training/checkpoint.py) with the same optimizer, schedule, RNG and
 data position, so the run goes on as if never stopped.
@@ -52,6 +54,7 @@ from minirl.tools import ToolExecutor
 from minirl.tools.base import check_offered_tools
 from minirl.tracking import Tracker
 from minirl.training import console as lines
+from minirl.training import sync_check
 from minirl.training.batch import PolicyBatch, collate, mini_batch_plan
 from minirl.training.checkpoint import (
     latest_checkpoint,
@@ -159,16 +162,29 @@ class Trainer:
         t1 = time.perf_counter()
         update: dict[str, float] = {}
         if trajs:
+            every = cfg.rollout.sync_check_every
+            probe = sync_check.probe(self.policy, trajs, self.device) if every and self.step % every == 0 else None
+            self.engine.free_memory()  # vLLM on CUDA sleeps until the sync
             with self.memory_hint("the policy update", min(cfg.trainer.micro_batch_size, len(trajs)), trajs):
                 batch, shaping = self.advantages(trajs)  # advantage, of the rewards minus any KL in the reward
                 update = {**shaping, **self.update(batch, trajs)}  # loss + optimizer steps
             self.engine.sync_weights(self.policy)  # weight sync: the next rollout samples from the new weights
+            if probe is not None:  # the sync check: did the engine move with the trainer?
+                update.update(self.checked_sync(probe))
         t2 = time.perf_counter()
         metrics = {
             **rollout_metrics(sampled, self.solved), **group_metrics(sampled, trajs, cfg.rollout.group_size),
             **update, "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/step_s": t2 - t0,
         }  # fmt: skip
         return metrics, trajs
+
+    def checked_sync(self, probe: sync_check.SyncProbe) -> dict[str, float]:
+        """The sync check's metrics for the probe taken before this step's update; warns when the engine did not
+        move to the new weights (minirl/training/sync_check.py)."""
+        gaps = sync_check.sync_gaps(probe, self.engine, self.policy, self.device)
+        if gaps.stale:
+            self.console.print(lines.stale_sync_warning(self.step, self.cfg.rollout.engine, gaps.new, gaps.prev))
+        return gaps.metrics()
 
     def sample_groups(self) -> tuple[list[Trajectory], list[Trajectory]]:
         """(every trajectory sampled this step, the ones to learn from): rounds of rollout and reward

@@ -33,3 +33,13 @@ def skipped_rows_warning(skipped: list[str]) -> str:
         f"[bold yellow]warning[/]: skipped {len(skipped)} malformed dataset rows (data.on_error=skip); "
         f"first: {skipped[0]}"
     )
+
+
+def stale_sync_warning(step: int, engine: str, gap: float, gap_prev: float) -> str:
+    """The engine scored a sequence no closer to the updated weights than to the ones before (sync_check.py)."""
+    return (
+        f"[bold red]warning[/]: step {step}: the {engine} engine is not sampling from the updated weights: "
+        f"its log-probs of a sampled sequence lie {gap:.2e} nats/token from the trainer's new weights and "
+        f"{gap_prev:.2e} from the weights before the update. The weight sync did not reach the sampler; the "
+        f"rollouts come from old weights (rollout.sync_check_every)"
+    )
