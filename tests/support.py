@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -68,6 +69,33 @@ GREETING = [
     {"role": "user", "content": "Say hello."},
     {"role": "assistant", "content": "<think>A greeting.</think>Hello! How can I help?"},
 ]
+
+
+# what each fixture template calls its end-of-turn and begin-of-text tokens (its `eos_token` / `bos_token`)
+TEMPLATE_TOKENS = {
+    "llama3": ("<|eot_id|>", "<|begin_of_text|>"),
+    "deepseek": ("<｜end▁of▁sentence｜>", "<｜begin▁of▁sentence｜>"),
+    "gptoss": ("<|return|>", "<|startoftext|>"),
+}
+SPECIAL_IN_TEMPLATE = re.compile(r"<\|[a-z_]+\|>|<｜[^｜<>]+｜>")
+
+
+def template_tokenizer(name: str):
+    """The tiny tokenizer type (trained on the support conversations) under the fixture template `name`, with
+    the template's special tokens (`<|...|>`, `<｜...｜>`) as single tokens and its own end-of-turn token as
+    eos (Qwen's <|im_end|> is the tiny tokenizer's already)."""
+    from minirl.config import TinyModelConfig
+    from minirl.models.tiny import build_tokenizer, render_texts
+
+    template = third_party_template(name)
+    tokenizer = build_tokenizer(TinyModelConfig(vocab_size=400), render_texts([(CONVERSATION, [CALC_TOOL])] * 20))
+    specials = sorted(set(SPECIAL_IN_TEMPLATE.findall(template)) - set(tokenizer.all_special_tokens))
+    tokenizer.add_special_tokens({"additional_special_tokens": specials}, replace_extra_special_tokens=False)
+    for family, (eos, bos) in TEMPLATE_TOKENS.items():
+        if name.startswith(family):
+            tokenizer.eos_token, tokenizer.bos_token = eos, bos
+    tokenizer.chat_template = template
+    return tokenizer
 
 
 def third_party_template(name: str) -> str:

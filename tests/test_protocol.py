@@ -12,7 +12,15 @@ from support import CALC_TOOL, CONVERSATION, third_party_template
 
 from minirl.config import CallPolicy
 from minirl.errors import ConfigError
-from minirl.protocol.chat import TemplateError, next_prompt, render, suffix_prefix_overlap, turn_deltas
+from minirl.protocol.chat import (
+    Construction,
+    TemplateError,
+    construction_of,
+    next_prompt,
+    render,
+    suffix_prefix_overlap,
+    turn_deltas,
+)
 from minirl.protocol.formats import CALL_FORMATS
 from minirl.protocol.observation import TRUNCATION_MARKER, ZERO_WIDTH_SPACE, control_tokens, tool_messages
 from minirl.protocol.parsing import TurnKind, parse_turn, split_reasoning
@@ -124,15 +132,27 @@ THINK_PROMPT_TEMPLATE = (
 )
 
 
-@pytest.mark.parametrize(
-    ("template", "where"),
-    [(HISTORY_REWRITING_TEMPLATE, "tool messages"), (THINK_PROMPT_TEMPLATE, "assistant message")],
-)
-def test_template_that_rewrites_history_raises(tokenizer, template, where):
-    original, tokenizer.chat_template = tokenizer.chat_template, template
+def test_a_template_that_drops_earlier_replies_fits_no_construction_and_raises(tokenizer):
+    original, tokenizer.chat_template = tokenizer.chat_template, HISTORY_REWRITING_TEMPLATE
     try:
-        with pytest.raises(TemplateError, match=rf"rewrites history \({where}\)"):
+        with pytest.raises(TemplateError, match=r"neither .* fits.*rewrites history \(tool messages\).*as it is"):
             turn_deltas(tokenizer, PROMPT, None, TOOL_MESSAGES)
+    finally:
+        tokenizer.chat_template = original
+
+
+def test_a_template_whose_generation_prompt_the_history_lacks_builds_by_delta_render(tokenizer):
+    """Its generation prompt opens an empty think block that a rendered assistant message does not have (Qwen3
+    without thinking): not prefix-preserving, so the delta construction, whose closing and observation are the
+    full render's tail."""
+    original, tokenizer.chat_template = tokenizer.chat_template, THINK_PROMPT_TEMPLATE
+    try:
+        assert construction_of(tokenizer) is Construction.DELTA
+        deltas = turn_deltas(tokenizer, PROMPT, None, TOOL_MESSAGES)
+        placeholder = {"role": "assistant", "content": "x"}
+        full = render(tokenizer, [*PROMPT, placeholder, *TOOL_MESSAGES], None, add_generation_prompt=True)
+        assert full[-len(deltas.observation) - len(deltas.closing) :] == [*deltas.closing, *deltas.observation]
+        assert tokenizer.decode(deltas.observation).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     finally:
         tokenizer.chat_template = original
 

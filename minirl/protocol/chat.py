@@ -7,17 +7,37 @@ Sampled tokens are never decoded and re-encoded: the next prompt is
 
 P the previous prompt, C the sampled completion, E the template's assistant-closing tokens
 (only the part the sampler did not already produce) and O the observation delta (tool
-messages plus the next assistant header). E and O come from rendering the canonical history
-with a placeholder assistant message and checking the prefix property; a template that
-rewrites history makes that check fail loudly instead of silently misaligning tokens.
+messages plus the next assistant header). E and O come from renders with a placeholder assistant
+message, by one of two constructions (`Construction`), chosen per template on first use
+(`construction_of`):
+
+- prefix: render the real history with the placeholder and then with the tool messages, and take
+  what each render adds to the one before. It needs a prefix-preserving template (a longer
+  conversation's render starts with the shorter one's), and checks that it is.
+- delta: render only the appended messages, against a fixed base conversation (a user message and
+  the placeholder assistant), and take what follows the placeholder's content: the delta render of
+  verl and TRL. For templates that re-render earlier turns once more follow (Qwen3 and Qwen3.5 show
+  an assistant turn's <think> block only when it is the last one). Its first turns on each template
+  are checked against the full render of the real history, whose tail must be E + O.
+
+A template that neither construction fits fails loudly (TemplateError), never silently misaligning
+tokens. `model.chat_template_kwargs` (e.g. enable_thinking) reaches every render: they ride on the
+tokenizer (`set_template_kwargs`), and a call may add its own.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
+from enum import Enum
 from typing import Any
 
+import jinja2
+
 PLACEHOLDER = "x"
+TEMPLATE_KWARGS = "minirl_chat_template_kwargs"  # the tokenizer attribute holding model.chat_template_kwargs
+CHECKED_TURNS = 8  # delta-built turns per template checked against the full render
+log = logging.getLogger(__name__)
 
 
 class TemplateError(ValueError):
@@ -35,14 +55,32 @@ def _as_id_list(rendered: Any) -> list[int]:
     return [int(t) for t in rendered]
 
 
-def render(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None, add_generation_prompt: bool) -> list[int]:
-    """Token ids of `messages` (+ tool schemas) through the tokenizer's chat template."""
+def set_template_kwargs(tokenizer, kwargs: Mapping[str, Any]) -> None:
+    """Make every render with this tokenizer pass `kwargs` to its chat template (model.chat_template_kwargs)."""
+    setattr(tokenizer, TEMPLATE_KWARGS, dict(kwargs))
+
+
+def template_kwargs(tokenizer, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The tokenizer's chat template kwargs (set_template_kwargs), with `extra` (a request's) over them."""
+    return {**getattr(tokenizer, TEMPLATE_KWARGS, {}), **(extra or {})}
+
+
+def render(
+    tokenizer,
+    messages: Sequence[dict],
+    tools: Sequence[dict] | None,
+    add_generation_prompt: bool,
+    extra_kwargs: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """Token ids of `messages` (+ tool schemas) through the tokenizer's chat template, with its template
+    kwargs (template_kwargs) and `extra_kwargs` over them."""
     rendered = tokenizer.apply_chat_template(
         list(messages),
         tools=list(tools) if tools else None,
         tokenize=True,
         return_dict=False,
         add_generation_prompt=add_generation_prompt,
+        **template_kwargs(tokenizer, extra_kwargs),
     )
     return _as_id_list(rendered)
 
@@ -76,26 +114,130 @@ class TurnDeltas:
         self.observation = observation  # tool messages + the next assistant generation header
 
 
-def turn_deltas(
-    tokenizer,
-    messages_before_assistant: Sequence[dict],
-    tools: Sequence[dict] | None,
-    tool_messages: Sequence[dict],
-) -> TurnDeltas:
-    """Closing and observation tokens for one assistant turn followed by `tool_messages`.
+class Construction(str, Enum):
+    """How E and O are built (module docstring)."""
 
-    The placeholder assistant content stands in for the sampled text, which the template may
-    strip or restructure; only the structural tokens around it are taken from the render.
-    """
+    PREFIX = "prefix"  # renders of the real history, each a prefix of the next
+    DELTA = "delta"  # the appended messages rendered against a fixed base
+
+
+def _prefix_deltas(tokenizer, history: Sequence[dict], tools: Sequence[dict] | None, tool_messages) -> TurnDeltas:
     placeholder: dict[str, Any] = {"role": "assistant", "content": PLACEHOLDER}
-    canonical_prompt = render(tokenizer, messages_before_assistant, tools, add_generation_prompt=True)
-    with_placeholder = [*messages_before_assistant, placeholder]
+    canonical_prompt = render(tokenizer, history, tools, add_generation_prompt=True)
+    with_placeholder = [*history, placeholder]
     assistant_end = render(tokenizer, with_placeholder, tools, add_generation_prompt=False)
     action = [*canonical_prompt, *_encode_text(tokenizer, PLACEHOLDER)]
     closing = _strip_prefix(assistant_end, action, "assistant message")
     next_prompt = render(tokenizer, [*with_placeholder, *tool_messages], tools, add_generation_prompt=True)
     observation = _strip_prefix(next_prompt, assistant_end, "tool messages")
     return TurnDeltas(closing, observation)
+
+
+def _after_placeholder(rendered: list[int], start: int, placeholder: list[int], what: str) -> list[int]:
+    """The tokens after the first occurrence of `placeholder` at or past `start`."""
+    for i in range(start, len(rendered) - len(placeholder) + 1):
+        if rendered[i : i + len(placeholder)] == placeholder:
+            return rendered[i + len(placeholder) :]
+    raise TemplateError(f"chat template does not render the assistant's content as it is ({what})")
+
+
+def _delta_deltas(tokenizer, tools: Sequence[dict] | None, tool_messages: Sequence[dict]) -> TurnDeltas:
+    """E and O from the base [user, placeholder assistant]: what the template puts after the placeholder's
+    content when the assistant message ends the conversation (E), and when the tool messages follow it
+    (E + O). The user message's render must be a prefix of both (the assistant header may differ: Qwen3
+    without thinking puts an empty <think> block in the last one only)."""
+    base = [{"role": "user", "content": PLACEHOLDER}]
+    assistant = {"role": "assistant", "content": PLACEHOLDER}
+    user = render(tokenizer, base, tools, add_generation_prompt=False)
+    placeholder = _encode_text(tokenizer, PLACEHOLDER)
+    ended = render(tokenizer, [*base, assistant], tools, add_generation_prompt=False)
+    followed = render(tokenizer, [*base, assistant, *tool_messages], tools, add_generation_prompt=True)
+    for rendered, what in ((ended, "assistant message"), (followed, "tool messages")):
+        _strip_prefix(rendered, user, what)
+    closing = _after_placeholder(ended, len(user), placeholder, "assistant message")
+    rest = _after_placeholder(followed, len(user), placeholder, "tool messages")
+    observation = _strip_prefix(rest, closing, "closing of an assistant message followed by tool messages")
+    return TurnDeltas(closing, observation)
+
+
+_CONSTRUCTIONS: dict[tuple, Construction] = {}
+_CHECKED: dict[tuple, int] = {}
+
+
+def _template_key(tokenizer) -> tuple:
+    return tokenizer.chat_template, tuple(sorted(template_kwargs(tokenizer).items()))
+
+
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "probe",
+        "description": "A tool.",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+    },
+}
+PROBE_CALL = {"type": "function", "function": {"name": "probe", "arguments": {"q": "a"}}}
+# two tool rounds, the first with reasoning: what a template that re-renders earlier turns re-renders
+PROBE = [
+    {"role": "user", "content": "Question?"},
+    {"role": "assistant", "content": "", "reasoning_content": "Think.", "tool_calls": [PROBE_CALL]},
+    {"role": "tool", "name": "probe", "content": "1"},
+    {"role": "assistant", "content": "", "tool_calls": [PROBE_CALL]},
+    {"role": "tool", "name": "probe", "content": "2"},
+]
+
+
+def construction_of(tokenizer) -> Construction:
+    """The construction this tokenizer's template (and template kwargs) needs, found once per template:
+    prefix when it builds the probe conversation's turns, else delta (which must then build them)."""
+    key = _template_key(tokenizer)
+    if key not in _CONSTRUCTIONS:
+        tools = [PROBE_TOOL]
+        try:
+            for end in (1, 3):
+                _prefix_deltas(tokenizer, PROBE[:end], tools, [PROBE[end + 1]])
+            found = Construction.PREFIX
+        except (TemplateError, jinja2.TemplateError) as err:
+            try:
+                _delta_deltas(tokenizer, tools, [PROBE[2]])
+            except (TemplateError, jinja2.TemplateError) as delta_err:
+                raise TemplateError(
+                    f"neither next-prompt construction fits this chat template: prefix: {err}; delta: {delta_err}"
+                ) from None
+            found = Construction.DELTA
+            log.info("chat template is not prefix-preserving (%s): next prompts by delta render", err)
+        _CONSTRUCTIONS[key] = found
+        log.info("next prompts: the %s construction", found.value)
+    return _CONSTRUCTIONS[key]
+
+
+def turn_deltas(
+    tokenizer,
+    messages_before_assistant: Sequence[dict],
+    tools: Sequence[dict] | None,
+    tool_messages: Sequence[dict],
+) -> TurnDeltas:
+    """Closing and observation tokens for one assistant turn followed by `tool_messages`, by the template's
+    construction (construction_of). `messages_before_assistant` is the real history up to the turn.
+
+    The placeholder assistant content stands in for the sampled text, which the template may
+    strip or restructure; only the structural tokens around it are taken from the render.
+    """
+    if construction_of(tokenizer) is Construction.PREFIX:
+        return _prefix_deltas(tokenizer, messages_before_assistant, tools, tool_messages)
+    deltas = _delta_deltas(tokenizer, tools, tool_messages)
+    key = _template_key(tokenizer)
+    if _CHECKED.get(key, 0) < CHECKED_TURNS:  # the first turns: against the full render of the real history
+        _CHECKED[key] = _CHECKED.get(key, 0) + 1
+        placeholder = {"role": "assistant", "content": PLACEHOLDER}
+        full = render(tokenizer, [*messages_before_assistant, placeholder, *tool_messages], tools, True)
+        tail = [*deltas.closing, *deltas.observation]
+        if full[len(full) - len(tail) :] != tail:
+            raise TemplateError(
+                "the delta-rendered closing and observation tokens are not what the template renders after "
+                "this assistant turn in the real conversation"
+            )
+    return deltas
 
 
 def next_prompt(
