@@ -91,6 +91,9 @@ class ModelConfig:
     warm_start: bool = True  # tiny only: SFT on synthetic tool trajectories when not cached yet
     cache_dir: str = "~/.cache/minirl"  # where the tiny model and its warm start are built
     trust_remote_code: bool = False
+    # passed to the chat template in every render (rollout, SFT, eval, serve), e.g. {enable_thinking: false}
+    # for Qwen3; a server request's own chat_template_kwargs go over them
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -27,7 +27,7 @@ import pytest
 import torch
 import uvicorn
 from rich.console import Console
-from support import CALC_TOOL, CONVERSATION, GREETING, WAIT_S, ScriptedDecoder, start_server
+from support import CALC_TOOL, CONVERSATION, GREETING, WAIT_S, ScriptedDecoder, start_server, third_party_template
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirl.config import Config, EvalConfig, ProtocolConfig, ServeConfig
@@ -483,6 +483,36 @@ def join_stream(stream) -> tuple[dict[int, JoinedChoice], object]:
     return choices, usage
 
 
+@pytest.fixture(scope="module")
+def qwen3_server(tool_model_dir, tmp_path_factory):
+    """The tool model under Qwen3's own chat template, served with model.chat_template_kwargs
+    {enable_thinking: false}: (server, its tokenizer)."""
+    path = tmp_path_factory.mktemp("qwen3_model")
+    AutoModelForCausalLM.from_pretrained(tool_model_dir).save_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(tool_model_dir)
+    tokenizer.chat_template = third_party_template("qwen3.jinja")
+    tokenizer.save_pretrained(path)
+    run_dir = tmp_path_factory.mktemp("serve_qwen3")
+    server = start_server(run_dir, f"model.name_or_path={path}", "+model.chat_template_kwargs.enable_thinking=false")
+    yield server, tokenizer
+    server.stop()
+
+
+@pytest.mark.parametrize("thinking", [None, True, False], ids=["server-default", "request-on", "request-off"])
+def test_a_requests_chat_template_kwargs_go_over_the_servers(qwen3_server, thinking):
+    """Qwen3 without thinking opens an empty <think> block in the generation prompt: the prompt the server
+    rendered (usage.prompt_tokens) is the one for the request's enable_thinking, else the server's (false)."""
+    server, tokenizer = qwen3_server
+    client = openai.OpenAI(base_url=server.base_url, api_key="EMPTY", max_retries=0)
+    extra = {} if thinking is None else {"chat_template_kwargs": {"enable_thinking": thinking}}
+    response = client.chat.completions.create(
+        model=server.model_id, messages=GREETING_PROMPT, max_tokens=2, temperature=0, extra_body=extra
+    )
+    on, off = (len(render(tokenizer, GREETING_PROMPT, None, True, {"enable_thinking": t})) for t in (True, False))
+    assert off > on
+    assert response.usage.prompt_tokens == (on if thinking else off)
+
+
 def test_models_lists_the_served_model(client, openai_server):
     assert [model.id for model in client.models.list()] == [openai_server.model_id]
     assert httpx.get(openai_server.base_url.removesuffix("/v1") + "/health").json()["status"] == "ok"
@@ -654,6 +684,11 @@ BAD_REQUESTS = {  # id: (request fields over GREETING_PROMPT's, the param the er
         "tools[0].function.parameters",
     ),
     "tool_choice required": ({"tools": [CALC_TOOL], "tool_choice": "required"}, "tool_choice"),
+    "a template kwarg the renderer sets": (
+        {"extra_body": {"chat_template_kwargs": {"add_generation_prompt": False}}},
+        "chat_template_kwargs",
+    ),
+    "a template kwarg that is no name": ({"extra_body": {"chat_template_kwargs": {"a-b": 1}}}, "chat_template_kwargs"),
     "named tool_choice": (
         {"tools": [CALC_TOOL], "tool_choice": {"type": "function", "function": {"name": "calculate_math"}}},
         "tool_choice",

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirl.config import Config
 from minirl.errors import ConfigError
+from minirl.protocol.chat import set_template_kwargs
 
 
 def _from_pretrained(auto_class, path: str, **kwargs):
@@ -44,4 +45,5 @@ def load_tokenizer(path: str, cfg: Config):
     tokenizer = _from_pretrained(AutoTokenizer, path, trust_remote_code=cfg.model.trust_remote_code)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    set_template_kwargs(tokenizer, cfg.model.chat_template_kwargs)  # every render passes them on
     return tokenizer

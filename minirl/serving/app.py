@@ -100,7 +100,7 @@ def create_app(
         tools = template_tools(body.tools) if calls else None
         messages = template_messages(body.messages)
         try:
-            prompt = await asyncio.to_thread(render, served.tokenizer, messages, tools, True)
+            prompt = await asyncio.to_thread(render, served.tokenizer, messages, tools, True, body.chat_template_kwargs)
         except TemplateError as err:
             raise APIError(400, f"the chat template rejects these messages: {err}", "messages") from None
         max_tokens = _max_tokens(body, len(prompt), served.context_length, serve.max_tokens)

@@ -87,6 +87,17 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
+# what apply_chat_template takes or sets itself, which a request's chat_template_kwargs may not replace
+TEMPLATE_RESERVED = frozenset(
+    {
+        "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+        "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+        "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs",
+        "bos_token", "eos_token", "pad_token", "unk_token", "raise_exception", "strftime_now",
+    }
+)  # fmt: skip
+
+
 class ChatCompletionRequest(_Lenient):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
@@ -103,6 +114,9 @@ class ChatCompletionRequest(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool = False  # not served: true is a 400 rather than a reply without them
+    # vLLM's extension: passed to the chat template over the server's model.chat_template_kwargs (e.g.
+    # {"enable_thinking": false}); names the renderer itself sets are refused (TEMPLATE_RESERVED)
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -117,6 +131,10 @@ class ChatCompletionRequest(_Lenient):
         where = lone_surrogate_at(self.model_dump(include={"messages", "tools"}, exclude_none=True))
         if where is not None:
             raise APIError(400, f"{where} is not valid Unicode text (it holds a lone surrogate)", where)
+        for name in self.chat_template_kwargs:
+            if not name.isidentifier() or name in TEMPLATE_RESERVED:
+                reason = "is set by the renderer" if name in TEMPLATE_RESERVED else "is not a template variable name"
+                raise APIError(400, f"chat_template_kwargs: {name!r} {reason}", "chat_template_kwargs")
 
     def calls_enabled(self) -> bool:
         """Whether tools go into the prompt and calls are read from the reply; 400 for other choices."""
