@@ -43,3 +43,12 @@ def stale_sync_warning(step: int, engine: str, gap: float, gap_prev: float) -> s
         f"{gap_prev:.2e} from the weights before the update. The weight sync did not reach the sampler; the "
         f"rollouts come from old weights (rollout.sync_check_every)"
     )
+
+
+def construction_line(construction: str) -> str:
+    """Which next-prompt construction the chat template needs (minirl/protocol/chat.py)."""
+    how = {
+        "prefix": "the template keeps earlier turns as rendered",
+        "delta": "the template re-renders earlier turns, so appended messages are rendered against a fixed base",
+    }[construction]
+    return f"next prompts: the {construction} construction ({how})"
