@@ -7,10 +7,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import CALC_TOOL, CONVERSATION, GREETING, start_server, third_party_template
+from support import CALC_TOOL, CONVERSATION, GREETING, TEMPLATES, start_server, third_party_template
 
 from minirl.config import TinyModelConfig
 from minirl.models.tiny import build_tokenizer, render_texts
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Say at the end, in red, how many tests the missing chat template fixtures skipped."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "chat template fixtures" in str(r.longrepr)]
+    if skipped:
+        terminalreporter.write_sep(
+            "=",
+            f"{len(skipped)} tests SKIPPED: the third-party chat template fixtures are not at {TEMPLATES}",
+            red=True,
+        )
 
 
 @pytest.fixture(scope="session")
