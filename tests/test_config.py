@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -102,13 +103,22 @@ def test_every_algorithm_is_documented():
         assert name in config_yaml, f"{name} is missing from the option comments in minirl/conf/config.yaml"
 
 
+# what a hub model's preset decides beyond the model: its call format, budgets, lr and memory
+MODEL_PRESET_SECTIONS = {"model", "protocol", "rollout", "trainer"}
+
+
 @pytest.mark.fast
-def test_only_experiment_and_debug_presets_reach_outside_their_group():
+def test_only_experiment_debug_and_model_presets_reach_outside_their_group():
     """A group file sets its own section; presets that set several (`# @package _global_`), such as an
-    algorithm's loss and algo.* together, are experiments (or the debug preset)."""
-    for group in set(GROUPS) - {"experiment", "debug"}:
+    algorithm's loss and algo.* together, are experiments (or the debug preset). A model preset may also set
+    what its model decides (MODEL_PRESET_SECTIONS), and nothing else."""
+    for group in set(GROUPS) - {"experiment", "debug", "model"}:
         for option in options(group):
             assert "@package" not in (CONF_DIR / group / f"{option}.yaml").read_text(), f"{group}/{option}.yaml"
+    for option in options("model"):
+        text = (CONF_DIR / "model" / f"{option}.yaml").read_text()
+        if "@package _global_" in text:
+            assert set(yaml.safe_load(text)) <= MODEL_PRESET_SECTIONS, f"model/{option}.yaml"
 
 
 @pytest.mark.fast
