@@ -6,8 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-from support import CALC_TOOL, CONVERSATION, GREETING, TEMPLATES, start_server, third_party_template
+from support import (
+    CALC_TOOL,
+    CONVERSATION,
+    TEMPLATES,
+    memorising_model,
+    start_server,
+    third_party_template,
+)
 
 from minirl.config import TinyModelConfig
 from minirl.models.tiny import build_tokenizer, render_texts
@@ -71,22 +77,8 @@ def tool_model_dir(tmp_path_factory):
     loaded back by path like any checkpoint: asked CONVERSATION's question with CALC_TOOL it writes
     the two tool calls, given their results it answers, and asked GREETING's it thinks, then greets.
     Servers and evaluators get real tool calls to parse, deterministically under greedy decoding."""
-    from minirl.config import SFTConfig
-    from minirl.models.tiny import build_model
-    from minirl.training.sft import tokenize_conversation, train_sft
-
-    cfg = TinyModelConfig(vocab_size=400, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
-    tokenizer = build_tokenizer(cfg, render_texts([(CONVERSATION, [CALC_TOOL]), (GREETING, [])] * 20))
-    model = build_model(cfg, tokenizer)
-    examples = [
-        tokenize_conversation(tokenizer, CONVERSATION, [CALC_TOOL]),
-        tokenize_conversation(tokenizer, GREETING, None),
-    ]
-    sft = SFTConfig(epochs=100, batch_size=8, lr=5e-3, warmup_steps=10)  # 100 steps, ~15 s on one core
-    train_sft(model, tokenizer, examples * 4, sft, torch.device("cpu"))
     path = tmp_path_factory.mktemp("tool_model")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    memorising_model(CONVERSATION, path, num_heads=4)
     return path
 
 

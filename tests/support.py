@@ -71,6 +71,30 @@ GREETING = [
 ]
 
 
+def memorising_model(conversation: list[dict], path: Path, num_heads: int):
+    """(model, tokenizer): a 2-layer hidden-64 Qwen2 (`num_heads` heads, half as many kv heads) that has memorised
+    `conversation` (offered CALC_TOOL) and GREETING, in eval mode, saved with save_pretrained at `path`."""
+    from minirl.config import SFTConfig, TinyModelConfig
+    from minirl.models.tiny import build_model, build_tokenizer, render_texts
+    from minirl.training.sft import tokenize_conversation, train_sft
+
+    cfg = TinyModelConfig(
+        vocab_size=400, hidden_size=64, num_layers=2, num_heads=num_heads, num_kv_heads=num_heads // 2
+    )
+    tokenizer = build_tokenizer(cfg, render_texts([(conversation, [CALC_TOOL]), (GREETING, [])] * 20))
+    model = build_model(cfg, tokenizer)
+    examples = [
+        tokenize_conversation(tokenizer, conversation, [CALC_TOOL]),
+        tokenize_conversation(tokenizer, GREETING, None),
+    ]
+    sft = SFTConfig(epochs=100, batch_size=8, lr=5e-3, warmup_steps=10)  # 100 steps, ~15 s on one core
+    train_sft(model, tokenizer, examples * 4, sft, torch.device("cpu"))
+    model.eval()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return model, tokenizer
+
+
 # what each fixture template calls its end-of-turn and begin-of-text tokens (its `eos_token` / `bos_token`)
 TEMPLATE_TOKENS = {
     "llama3": ("<|eot_id|>", "<|begin_of_text|>"),

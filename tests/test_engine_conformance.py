@@ -17,18 +17,16 @@ import time
 
 import pytest
 import torch
-from support import CALC_TOOL, GREETING
+from support import CALC_TOOL, GREETING, memorising_model
 
-from minirl.config import ProtocolConfig, RolloutConfig, SFTConfig, TinyModelConfig
+from minirl.config import ProtocolConfig, RolloutConfig
 from minirl.data.task import Task
-from minirl.models.tiny import build_model, build_tokenizer, render_texts
 from minirl.protocol.chat import render
 from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import SamplingParams, build_engine
 from minirl.rollout.trajectory import TrajectoryEnd
 from minirl.tools import ToolExecutor, build_tools
 from minirl.training.batch import collate, token_logprobs
-from minirl.training.sft import tokenize_conversation, train_sft
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 NO_VLLM = (
@@ -75,19 +73,8 @@ PROTOCOL = ProtocolConfig()
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
     """(model, tokenizer, path): the memorising model and where it is saved."""
-    cfg = TinyModelConfig(vocab_size=400, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1)
-    tokenizer = build_tokenizer(cfg, render_texts([(THREE_TURNS, [CALC_TOOL]), (GREETING, [])] * 20))
-    model = build_model(cfg, tokenizer)
-    examples = [
-        tokenize_conversation(tokenizer, THREE_TURNS, [CALC_TOOL]),
-        tokenize_conversation(tokenizer, GREETING, None),
-    ]
-    sft = SFTConfig(epochs=100, batch_size=8, lr=5e-3, warmup_steps=10)
-    train_sft(model, tokenizer, examples * 4, sft, torch.device("cpu"))
-    model.eval()
     path = tmp_path_factory.mktemp("conformance_model")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    model, tokenizer = memorising_model(THREE_TURNS, path, num_heads=2)
     return model, tokenizer, path
 
 
