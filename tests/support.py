@@ -106,8 +106,8 @@ SPECIAL_IN_TEMPLATE = re.compile(r"<\|[a-z_]+\|>|<｜[^｜<>]+｜>")
 
 def template_tokenizer(name: str):
     """The tiny tokenizer type (trained on the support conversations) under the fixture template `name`, with
-    the template's special tokens (`<|...|>`, `<｜...｜>`) as single tokens and its own end-of-turn token as
-    eos (Qwen's <|im_end|> is the tiny tokenizer's already)."""
+    the template's special tokens (`<|...|>`, `<｜...｜>`) as single tokens and its own end-of-turn and
+    beginning tokens as eos and bos (Qwen's <|im_end|> is the tiny tokenizer's eos already)."""
     from minirl.config import TinyModelConfig
     from minirl.models.tiny import build_tokenizer, render_texts
 
@@ -116,8 +116,8 @@ def template_tokenizer(name: str):
     specials = sorted(set(SPECIAL_IN_TEMPLATE.findall(template)) - set(tokenizer.all_special_tokens))
     tokenizer.add_special_tokens({"additional_special_tokens": specials}, replace_extra_special_tokens=False)
     for family, (eos, bos) in TEMPLATE_TOKENS.items():
-        if name.startswith(family):
-            tokenizer.eos_token, tokenizer.bos_token = eos, bos
+        if name.startswith(family):  # single tokens too (a template may write them only as eos_token/bos_token)
+            tokenizer.add_special_tokens({"eos_token": eos, "bos_token": bos})
     tokenizer.chat_template = template
     return tokenizer
 

@@ -11,7 +11,6 @@ Without the fixtures (a user's clone) every test here skips, saying so.
 from __future__ import annotations
 
 import json
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +18,7 @@ from support import CALC_TOOL, ScriptedEngine, template_tokenizer
 
 from minirl.config import CallPolicy, ProtocolConfig
 from minirl.data.task import Task
+from minirl.errors import ConfigError
 from minirl.protocol import chat
 from minirl.protocol.chat import Construction, TemplateError, next_prompt, render, turn_deltas
 from minirl.protocol.parsing import TurnKind, parse_turn
@@ -28,24 +28,24 @@ from minirl.rollout.trajectory import TrajectoryEnd
 from minirl.tools import ToolExecutor, build_tools
 
 THINK_ON, THINK_OFF = {"enable_thinking": True}, {"enable_thinking": False}
-# (fixture, chat_template_kwargs, the construction it needs, the call format minirl reads it with or None)
+OPENED_THINK = "<think>\n"
+ROUNDS = 2  # the tool rounds of a case's conversation: three assistant turns
+# (fixture, chat_template_kwargs, the construction it needs, the call format minirl reads it with, the tool
+# rounds in a row it builds next prompts for: None for any number)
 CASES = {
-    "qwen2_5": ("qwen2_5.jinja", {}, Construction.PREFIX, "hermes"),
-    "qwen3-think": ("qwen3.jinja", THINK_ON, Construction.DELTA, "hermes"),
-    "qwen3-no-think": ("qwen3.jinja", THINK_OFF, Construction.DELTA, "hermes"),
-    "qwen3_instruct_2507": ("qwen3_instruct_2507.jinja", {}, Construction.PREFIX, "hermes"),
-    "qwen3_5-think": ("qwen3_5_think.jinja", THINK_ON, Construction.DELTA, "qwen3_coder"),
-    "qwen3_5-no-think": ("qwen3_5_think.jinja", THINK_OFF, Construction.PREFIX, "qwen3_coder"),
-    "qwen3_coder": ("qwen3_coder.jinja", {}, Construction.PREFIX, "qwen3_coder"),
-    "llama3_1": ("llama3_1.jinja", {}, Construction.PREFIX, None),
-    "llama3_2": ("llama3_2.jinja", {}, Construction.PREFIX, None),
-    "deepseekv3": ("deepseekv3.jinja", {}, Construction.DELTA, None),
+    "qwen2_5": ("qwen2_5.jinja", {}, Construction.PREFIX, "hermes", None),
+    "qwen3-think": ("qwen3.jinja", THINK_ON, Construction.DELTA, "hermes", None),
+    "qwen3-no-think": ("qwen3.jinja", THINK_OFF, Construction.DELTA, "hermes", None),
+    "qwen3_instruct_2507": ("qwen3_instruct_2507.jinja", {}, Construction.PREFIX, "hermes", None),
+    "qwen3_5-think": ("qwen3_5_think.jinja", THINK_ON, Construction.DELTA, "qwen3_coder", None),
+    "qwen3_5-no-think": ("qwen3_5_think.jinja", THINK_OFF, Construction.PREFIX, "qwen3_coder", None),
+    "qwen3_coder": ("qwen3_coder.jinja", {}, Construction.PREFIX, "qwen3_coder", None),
+    "llama3_1": ("llama3_1.jinja", {}, Construction.PREFIX, "llama3_json", None),
+    "llama3_2": ("llama3_2.jinja", {}, Construction.PREFIX, "llama3_json", None),
+    # marks only its first tool output as the first (is_output_first is never reset) and renders a second call
+    # round without the <｜tool▁outputs▁end｜> its prompt had: one round in a row; its conversation has one
+    "deepseekv3": ("deepseekv3.jinja", {}, Construction.DELTA, "deepseek_v3", 1),
 }
-# DeepSeek-V3 renders a tool message by whether the assistant before it made calls, which the placeholder
-# assistant does not: the delta check refuses its second tool round (a placeholder with the turn's own calls
-# would fit it, and gpt-oss)
-REFUSED_AT_ROUND_TWO = "deepseekv3"
-NO_FORMAT = "minirl has no reader for this template's call format yet (Llama 3 JSON, DeepSeek-V3)"
 
 
 def call(expression: str, as_text: bool) -> dict:
@@ -54,12 +54,22 @@ def call(expression: str, as_text: bool) -> dict:
     return {"type": "function", "function": {"name": "calculate_math", "arguments": arguments}}
 
 
-def conversation(thinking: bool, arguments_as_text: bool = False) -> list[dict]:
-    """Three assistant turns: two calls (the first after reasoning when thinking is on), then the answer.
-    `arguments_as_text`: the calls' arguments as JSON text, as DeepSeek-V3's template concatenates them."""
+def conversation(thinking: bool, arguments_as_text: bool = False, rounds: int = ROUNDS) -> list[dict]:
+    """Tool rounds then the answer: with two rounds, two calls (the first after reasoning when thinking is on);
+    with one, a single call. `arguments_as_text`: the calls' arguments as JSON text, as DeepSeek-V3's template
+    concatenates them. Either way the answer is 9480."""
     reasoning = {"reasoning_content": "Multiply first."} if thinking else {}
+    opening = [{"role": "system", "content": "You are a helpful assistant with tools."}]
+    if rounds == 1:
+        return [
+            *opening,
+            {"role": "user", "content": "What is 256 * 37 + 8?"},
+            {"role": "assistant", "content": "", **reasoning, "tool_calls": [call("256 * 37 + 8", arguments_as_text)]},
+            {"role": "tool", "name": "calculate_math", "content": '{"result": "9480"}'},
+            {"role": "assistant", "content": "256 * 37 + 8 = 9480."},
+        ]
     return [
-        {"role": "system", "content": "You are a helpful assistant with tools."},
+        *opening,
         {"role": "user", "content": "What is 256 * 37, and that plus 8?"},
         {"role": "assistant", "content": "", **reasoning, "tool_calls": [call("256 * 37", arguments_as_text)]},
         {"role": "tool", "name": "calculate_math", "content": '{"result": "9472"}'},
@@ -71,21 +81,29 @@ def conversation(thinking: bool, arguments_as_text: bool = False) -> list[dict]:
 
 @pytest.fixture(params=list(CASES))
 def case(request):
-    """The case's key, tokenizer (under the template and its kwargs), conversation, the construction it needs and
-    its call format."""
-    name, kwargs, construction, call_format = CASES[request.param]
+    """The case's key, tokenizer (under the template and its kwargs), conversation (of as many tool rounds as the
+    template builds, up to ROUNDS), the construction it needs, its call format and tool rounds."""
+    name, kwargs, construction, call_format, tool_rounds = CASES[request.param]
     tokenizer = template_tokenizer(name)
     chat.set_template_kwargs(tokenizer, kwargs)
-    messages = conversation(kwargs.get("enable_thinking", False), arguments_as_text=name.startswith("deepseek"))
+    thinking, as_text = kwargs.get("enable_thinking", False), name.startswith("deepseek")
+    messages = conversation(thinking, as_text, rounds=min(tool_rounds or ROUNDS, ROUNDS))
     return SimpleNamespace(
-        key=request.param, tokenizer=tokenizer, messages=messages, construction=construction, call_format=call_format
+        key=request.param,
+        name=name,
+        tokenizer=tokenizer,
+        messages=messages,
+        construction=construction,
+        call_format=call_format,
+        tool_rounds=tool_rounds,
+        thinking=thinking,
     )
 
 
 def model_turns(tokenizer, messages: list[dict]) -> list[list[int]]:
     """The tokens a model trained on the template writes for each assistant turn: the text the template renders
-    after the generation prompt (after what the two share, for DeepSeek-V3's, which opens a <think> block that its
-    assistant turns do not render), up to its end-of-turn token, encoded on its own, then that token. (Encoded as
+    after the generation prompt (less the <think> block DeepSeek-V3's opens, which its assistant turns do not
+    render), up to its end-of-turn token, encoded on its own, then that token. (Encoded as
     text, not cut from the token render: after Qwen3.5's "<think>\n" prompt the render merges "\n\n", which a
     model sampling after the prompt's "\n" cannot.)"""
     kwargs = chat.template_kwargs(tokenizer)
@@ -98,32 +116,33 @@ def model_turns(tokenizer, messages: list[dict]) -> list[list[int]]:
             messages[:i], tools=[CALC_TOOL], tokenize=False, add_generation_prompt=True, **kwargs
         )
         full = tokenizer.apply_chat_template(messages[: i + 1], tools=[CALC_TOOL], tokenize=False, **kwargs)
-        text = full[len(os.path.commonprefix([prompt, full])) :].split(eos)[0]
+        prompt = prompt if full.startswith(prompt) else prompt.removesuffix(OPENED_THINK)
+        assert full.startswith(prompt)
+        text = full[len(prompt) :].split(eos)[0]
         turns.append([*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id])
     return turns
 
 
 def test_each_template_gets_the_construction_it_needs(case):
-    assert chat.construction_of(case.tokenizer) is case.construction
+    fit = chat.template_fit(case.tokenizer)
+    assert (fit.construction, fit.tool_rounds) == (case.construction, case.tool_rounds)
 
 
-def test_three_tool_turns_keep_every_sampled_token_and_end_as_the_template_renders(case):
-    """P_next = P + C + E[overlap:] + O over the three turns; each later prompt continues the earlier one token
+def call_positions(messages: list[dict]) -> list[int]:
+    return [i for i, m in enumerate(messages) if m["role"] == "assistant" and m.get("tool_calls")]
+
+
+def test_tool_turns_keep_every_sampled_token_and_end_as_the_template_renders(case):
+    """P_next = P + C + E[overlap:] + O over the tool rounds; each later prompt continues the earlier one token
     for token, and what the framework appended (E + O) is exactly what the template renders after that turn in
     the real conversation: the full render's tail. A prefix template's whole prompt is its full render."""
-    if case.key == REFUSED_AT_ROUND_TWO:
-        with pytest.raises(TemplateError, match="not what the template renders after this assistant turn"):
-            build_three_turns(case.tokenizer, case.messages, case.construction)
-        return
-    build_three_turns(case.tokenizer, case.messages, case.construction)
-
-
-def build_three_turns(tokenizer, messages: list[dict], construction: Construction) -> None:
-    tools = [CALC_TOOL]
+    tokenizer, messages, tools = case.tokenizer, case.messages, [CALC_TOOL]
     turns = model_turns(tokenizer, messages)
     prompt = render(tokenizer, messages[:2], tools, add_generation_prompt=True)
     history = messages[:2]
-    for completion, position in zip(turns[:2], (2, 4)):
+    positions = call_positions(messages)
+    assert len(positions) == min(case.tool_rounds or ROUNDS, ROUNDS)
+    for completion, position in zip(turns, positions):
         observations = [messages[position + 1]]
         deltas = turn_deltas(tokenizer, history, tools, observations)
         following, added = next_prompt(prompt, completion, deltas)
@@ -132,35 +151,55 @@ def build_three_turns(tokenizer, messages: list[dict], construction: Constructio
         full = render(tokenizer, history, tools, add_generation_prompt=True)
         assert full[len(full) - len(added) :] == added
         assert json.loads(observations[0]["content"])["result"] in tokenizer.decode(added)
-        if construction is Construction.PREFIX:
+        if case.construction is Construction.PREFIX:
             assert following == full
         prompt = following
 
 
-def test_three_tool_turns_through_the_agent_loop_with_real_tools(case):
-    """The agent loop on the template: two calls run by the real tool, then the answer; sampled tokens have
-    mask 1, the framework's closing and observation tokens mask 0, and the observations hold the results."""
-    tokenizer, messages, call_format = case.tokenizer, case.messages, case.call_format
-    if call_format is None:
-        pytest.skip(NO_FORMAT)
-    eos = tokenizer.eos_token_id
+def scripted_run(case, max_turns: int):
+    """The agent loop on the case's template and conversation: the model's turns scripted, the calls run by the
+    real calculator."""
+    tokenizer, eos = case.tokenizer, case.tokenizer.eos_token_id
     script = [
         tokenizer.decode(t[:-1] if t[-1] == eos else t, skip_special_tokens=False)
-        for t in model_turns(tokenizer, messages)
+        for t in model_turns(tokenizer, case.messages)
     ]
     engine = ScriptedEngine(tokenizer, script)
-    task = Task(id="template", messages=messages[:2], tools=[CALC_TOOL], gt=["9480"])
+    task = Task(id="template", messages=case.messages[:2], tools=[CALC_TOOL], gt=["9480"])
     executor = ToolExecutor(build_tools(["calculate_math"]), timeout_s=2.0, max_output_chars=256)
-    protocol = ProtocolConfig(format=call_format, call_policy=CallPolicy.multi)
-    limits = AgentLimits(max_turns=3, max_new_tokens=256, max_total_tokens=4096, max_tool_calls=8)
-    [traj] = run_agent(engine, tokenizer, executor, [task], 1, limits, SamplingParams(max_new_tokens=256), protocol)
-    assert traj.finish_reason is TrajectoryEnd.ANSWER and len(traj.turns) == 3
-    assert [r.status for turn in traj.turns for r in turn.tool_results] == ["ok", "ok"]
+    protocol = ProtocolConfig(format=case.call_format, call_policy=CallPolicy.multi)
+    limits = AgentLimits(max_turns=max_turns, max_new_tokens=256, max_total_tokens=4096, max_tool_calls=8)
+    sampling = SamplingParams(max_new_tokens=256)
+    return engine, run_agent(engine, tokenizer, executor, [task], 1, limits, sampling, protocol)
+
+
+def test_tool_turns_through_the_agent_loop_with_real_tools(case):
+    """The agent loop on the template: the calls run by the real tool, then the answer; sampled tokens have
+    mask 1, the framework's closing and observation tokens mask 0, and the observations hold the results."""
+    rounds = len(call_positions(case.messages))
+    engine, [traj] = scripted_run(case, max_turns=rounds + 1)
+    assert traj.finish_reason is TrajectoryEnd.ANSWER and len(traj.turns) == rounds + 1
+    assert [r.status for turn in traj.turns for r in turn.tool_results] == ["ok"] * rounds
     sampled = [tok for tok, m in zip(traj.response_ids, traj.action_mask) if m]
     assert sampled == [tok for ids in engine_turns(engine) for tok in ids]
-    observed = tokenizer.decode([tok for tok, m in zip(traj.response_ids, traj.action_mask) if not m])
-    assert "9472" in observed and "9480" in observed
+    observed = case.tokenizer.decode([tok for tok, m in zip(traj.response_ids, traj.action_mask) if not m])
+    assert all(json.loads(case.messages[i + 1]["content"])["result"] in observed for i in call_positions(case.messages))
     assert "9480" in traj.final_text
+
+
+def test_a_template_of_one_tool_round_refuses_more_before_sampling(case):
+    """DeepSeek-V3's: a rollout allowing a second tool round fails at its start with what to set, and samples
+    nothing; the rest build any number of rounds."""
+    if case.tool_rounds is None:
+        assert chat.require_tool_rounds(case.tokenizer, 100) is None
+        return
+    with pytest.raises(ConfigError, match=rf"set rollout.max_turns <= {case.tool_rounds + 1}"):
+        scripted_run(case, max_turns=case.tool_rounds + 2)
+    with pytest.raises(ConfigError, match="tool round"):  # a history of that many rounds, mid-rollout, too
+        turn_deltas(case.tokenizer, conversation(case.thinking, True, rounds=2)[:6], [CALC_TOOL], [PROBE_TOOL_MESSAGE])
+
+
+PROBE_TOOL_MESSAGE = {"role": "tool", "name": "calculate_math", "content": "1"}
 
 
 def engine_turns(engine: ScriptedEngine) -> list[list[int]]:
@@ -171,15 +210,18 @@ def engine_turns(engine: ScriptedEngine) -> list[list[int]]:
     ]
 
 
+def arguments_of(call: dict) -> dict:
+    arguments = call["function"]["arguments"]
+    return json.loads(arguments) if isinstance(arguments, str) else arguments
+
+
 def test_the_calls_the_template_renders_read_back(case):
-    tokenizer, messages, call_format = case.tokenizer, case.messages, case.call_format
-    if call_format is None:
-        pytest.skip(NO_FORMAT)
+    tokenizer, messages = case.tokenizer, case.messages
     eos = tokenizer.eos_token_id
     for tokens, message in zip(model_turns(tokenizer, messages), [m for m in messages if m["role"] == "assistant"]):
         text = tokenizer.decode(tokens[:-1] if tokens[-1] == eos else tokens, skip_special_tokens=False)
-        parsed = parse_turn(text, call_format, tools=[CALC_TOOL])
-        expected = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+        parsed = parse_turn(text, case.call_format, tools=[CALC_TOOL])
+        expected = [(c["function"]["name"], arguments_of(c)) for c in message.get("tool_calls", [])]
         assert [(c.name, c.arguments) for c in parsed.tool_calls] == expected
         assert parsed.kind is (TurnKind.TOOL if expected else TurnKind.ANSWER)
 

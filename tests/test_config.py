@@ -204,7 +204,9 @@ def test_unknown_registry_names_list_the_known_ones():
         validate(compose_cfg("+reward.weights.bogus=1.0"))
     with pytest.raises(ConfigError, match="unknown success criterion 'boxed'; known: boxed_answer, gt_in_answer"):
         validate(compose_cfg("reward.success=boxed"))
-    with pytest.raises(ConfigError, match="unknown tool-call format 'json'; known: hermes, qwen3_coder"):
+    with pytest.raises(
+        ConfigError, match="unknown tool-call format 'json'; known: deepseek_v3, hermes, llama3_json, qwen3_coder"
+    ):
         validate(compose_cfg("protocol.format=json"))
     with pytest.raises(ConfigError, match="unknown sft.corpus 'nope'; known: synthetic_math, synthetic_tools"):
         validate(compose_cfg("sft.corpus=nope"))

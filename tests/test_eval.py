@@ -32,6 +32,7 @@ from minirl.evaluation.compare import paired_rows
 from minirl.evaluation.evaluator import evaluate
 from minirl.evaluation.report import EvalReport, ReportError
 from minirl.metrics import sign_test_p
+from minirl.protocol.formats import CALL_FORMATS
 from minirl.protocol.parsing import TurnKind, parse_message, parse_turn
 from minirl.rollout.agent_loop import AgentLimits
 from minirl.rollout.engine import SamplingParams
@@ -241,7 +242,7 @@ def test_the_evaluator_reads_a_served_turn_as_training_does(turn):
     the evaluator's chat loop, gives the turn training's parse_turn gives."""
     text, protocol = SERVED_TURNS[turn], ProtocolConfig()
     read_calls = partial(parse_turn, call_format=protocol.format, tools=[CALC_TOOL])
-    splitter, choice = TurnSplitter(read_calls), Choice(0)
+    splitter, choice = TurnSplitter(read_calls, CALL_FORMATS.get(protocol.format).markup), Choice(0)
     pieces = splitter.feed(text)
     tail, calls = splitter.finish()
     for piece in [*pieces, *tail]:

@@ -11,7 +11,14 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 from support import SHAPED_REWARD, debug_config, template_tokenizer
-from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from minirl.config import register_configs
 from minirl.protocol.chat import template_kwargs
@@ -26,6 +33,7 @@ PRESETS = {
     "qwen3-0.6b": ((Qwen3Config, Qwen3ForCausalLM), "qwen3.jinja", "Qwen/Qwen3-0.6B"),
     "qwen3-1.7b": ((Qwen3Config, Qwen3ForCausalLM), "qwen3.jinja", "Qwen/Qwen3-1.7B"),
     "qwen3-4b-2507": ((Qwen3Config, Qwen3ForCausalLM), "qwen3_instruct_2507.jinja", "Qwen/Qwen3-4B-Instruct-2507"),
+    "llama3.2-1b": ((LlamaConfig, LlamaForCausalLM), "llama3_2.jinja", "meta-llama/Llama-3.2-1B-Instruct"),
 }
 CASES = [*PRESETS, "qwen3-0.6b-no-think"]
 

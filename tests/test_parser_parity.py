@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from minirl.protocol.formats import CALL_FORMATS
 from minirl.protocol.parsing import TurnKind, parse_turn
 from minirl.serving.turn_splitter import Channel, TurnSplitter
 
@@ -939,7 +940,8 @@ def test_the_server_splits_each_streamed_case_as_parse_turn_reads_it(case):
     content = case.text.strip() if case.kind is INVALID else case.content
     for deltas in chunkings(case):
         assert "".join(deltas) == case.text
-        splitter = TurnSplitter(partial(parse_turn, call_format=case.call_format, tools=case.tools))
+        read_calls = partial(parse_turn, call_format=case.call_format, tools=case.tools)
+        splitter = TurnSplitter(read_calls, CALL_FORMATS.get(case.call_format).markup)
         pieces = [piece for delta in deltas for piece in splitter.feed(delta)]
         tail, calls = splitter.finish()
         assert "".join(p.text for p in [*pieces, *tail] if p.channel is Channel.content) == content

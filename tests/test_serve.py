@@ -36,7 +36,8 @@ from minirl.evaluation.backends import OpenAIBackend
 from minirl.inference.loop import StopReason
 from minirl.inference.sampling import SamplingParams
 from minirl.protocol.chat import render
-from minirl.protocol.parsing import parse_turn
+from minirl.protocol.formats import CALL_FORMATS, TOOL_CALL
+from minirl.protocol.parsing import TurnKind, parse_turn
 from minirl.serving.app import ServedModel, create_app
 from minirl.serving.auth import API_KEY_ENV, is_loopback, resolve_api_key
 from minirl.serving.decoder import Decoder, DecodeRow, RowResult
@@ -76,9 +77,11 @@ TURNS = {  # id: (text, content, reasoning, calls)
 read_hermes_calls = partial(parse_turn, call_format="hermes", tools=[CALC_TOOL])
 
 
-def split(chunks: list[str], read_calls=read_hermes_calls) -> tuple[str, str, list[tuple[str, dict]], list]:
+def split(
+    chunks: list[str], read_calls=read_hermes_calls, markup=TOOL_CALL
+) -> tuple[str, str, list[tuple[str, dict]], list]:
     """(content, reasoning, calls, pieces) from feeding `chunks` to a TurnSplitter."""
-    splitter = TurnSplitter(read_calls)
+    splitter = TurnSplitter(read_calls, markup)
     pieces = [piece for chunk in chunks for piece in splitter.feed(chunk)]
     tail, calls = splitter.finish()
     pieces += tail
@@ -119,13 +122,45 @@ def test_splitter_never_sends_markup_of_a_valid_turn(turn, tokenizer):
 
 
 def test_splitter_streams_content_before_the_turn_ends():
-    splitter = TurnSplitter(read_hermes_calls)
+    splitter = TurnSplitter(read_hermes_calls, TOOL_CALL)
     assert splitter.feed("<thi") == []  # may be a tag: held
     assert [(p.channel, p.text) for p in splitter.feed("nk>Hm.</think>Hi <")] == [
         (Channel.reasoning, "Hm."),
         (Channel.content, "Hi"),
     ]
     assert [p.text for p in splitter.feed("3 you")] == [" <3 you"]
+
+
+LLAMA_CALL = '{"name": "calculate_math", "parameters": {"expression": "2+2"}}'
+DEEPSEEK_CALL = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>calculate_math\n```json\n"
+    '{"expression": "2+2"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+)
+SUM = [("calculate_math", {"expression": "2+2"})]
+OTHER_FORMAT_TURNS = {  # id: (format, text, content, reasoning, calls)
+    "llama call": ("llama3_json", f"  {LLAMA_CALL}", "", "", SUM),
+    "llama call after python_tag": ("llama3_json", f"<|python_tag|>{LLAMA_CALL}", "", "", SUM),
+    "llama call after reasoning": ("llama3_json", f"<think>Add.</think>\n{LLAMA_CALL}", "", "Add.", SUM),
+    "llama answer with braces": ("llama3_json", "It is {4}, see {x}.", "It is {4}, see {x}.", "", []),
+    "llama broken call": ("llama3_json", '{"name": "calculate_math"', '{"name": "calculate_math"', "", []),
+    "deepseek call": ("deepseek_v3", f"Adding.{DEEPSEEK_CALL}", "Adding.", "", SUM),
+    "deepseek answer": ("deepseek_v3", "It is 4.", "It is 4.", "", []),
+}
+
+
+@pytest.mark.parametrize("turn", OTHER_FORMAT_TURNS)
+def test_splitter_reads_the_other_formats_as_training_does_whatever_the_chunks(turn):
+    """Llama 3's bare JSON (a call only when the content starts with one) and DeepSeek-V3's tags: every
+    two-chunk split gives the same content, reasoning and calls, and those of parse_turn on a valid turn."""
+    call_format, text, *expected = OTHER_FORMAT_TURNS[turn]
+    read_calls = partial(parse_turn, call_format=call_format, tools=[CALC_TOOL])
+    markup = CALL_FORMATS.get(call_format).markup
+    for i in range(len(text) + 1):
+        content, reasoning, calls, _ = split([text[:i], text[i:]], read_calls, markup)
+        assert [content, reasoning, calls] == expected, i
+    parsed = read_calls(text)
+    if parsed.kind is not TurnKind.INVALID:
+        assert (parsed.content, [(c.name, c.arguments) for c in parsed.tool_calls]) == (expected[0], expected[2])
 
 
 def test_splitter_without_call_reading_keeps_tool_call_markup_as_content():

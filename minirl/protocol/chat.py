@@ -21,18 +21,24 @@ message, by one of two constructions (`Construction`), chosen per template on fi
   are checked against the full render of the real history, whose tail must be E + O.
 
 A template that neither construction fits fails loudly (TemplateError), never silently misaligning
-tokens. `model.chat_template_kwargs` (e.g. enable_thinking) reaches every render: they ride on the
+tokens; so does a trajectory of more tool rounds than a delta-built template builds in a row
+(`require_tool_rounds`, a ConfigError: DeepSeek-V3's renders its second round unlike its first), before
+it samples. `model.chat_template_kwargs` (e.g. enable_thinking) reaches every render: they ride on the
 tokenizer (`set_template_kwargs`), and a call may add its own.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import jinja2
+
+from minirl.errors import ConfigError
 
 PLACEHOLDER = "x"
 TEMPLATE_KWARGS = "minirl_chat_template_kwargs"  # the tokenizer attribute holding model.chat_template_kwargs
@@ -160,7 +166,32 @@ def _delta_deltas(tokenizer, tools: Sequence[dict] | None, tool_messages: Sequen
     return TurnDeltas(closing, observation)
 
 
-_CONSTRUCTIONS: dict[tuple, Construction] = {}
+def _checked_delta_deltas(
+    tokenizer, history: Sequence[dict], tools: Sequence[dict] | None, tool_messages: Sequence[dict]
+) -> TurnDeltas:
+    """_delta_deltas, checked against the full render of the real history: its tail must be E + O."""
+    deltas = _delta_deltas(tokenizer, tools, tool_messages)
+    placeholder = {"role": "assistant", "content": PLACEHOLDER}
+    full = render(tokenizer, [*history, placeholder, *tool_messages], tools, add_generation_prompt=True)
+    tail = [*deltas.closing, *deltas.observation]
+    if full[len(full) - len(tail) :] != tail:
+        raise TemplateError(
+            "the delta-rendered closing and observation tokens are not what the template renders after "
+            "this assistant turn in the real conversation"
+        )
+    return deltas
+
+
+@dataclass(frozen=True)
+class TemplateFit:
+    """How next prompts are built for a template, and how many tool rounds in a row it builds them for (None:
+    any number; DeepSeek-V3's renders a second round differently from the first, so 1)."""
+
+    construction: Construction
+    tool_rounds: int | None
+
+
+_FITS: dict[tuple, TemplateFit] = {}
 _CHECKED: dict[tuple, int] = {}
 
 
@@ -185,30 +216,65 @@ PROBE = [
     {"role": "assistant", "content": "", "tool_calls": [PROBE_CALL]},
     {"role": "tool", "name": "probe", "content": "2"},
 ]
+PROBE_CALL_AS_TEXT = {"type": "function", "function": {"name": "probe", "arguments": json.dumps({"q": "a"})}}
+PROBE_ARGUMENTS_AS_TEXT = [
+    {**message, "tool_calls": [PROBE_CALL_AS_TEXT]} if "tool_calls" in message else message for message in PROBE
+]
+
+
+def _fit(tokenizer) -> TemplateFit:
+    """Prefix when the template builds the probe conversation's turns that way; else delta, which must build
+    its first round and may fail its second (then the template builds one tool round)."""
+    tools = [PROBE_TOOL]
+    try:
+        for end in (1, 3):
+            _prefix_deltas(tokenizer, PROBE[:end], tools, [PROBE[end + 1]])
+        return TemplateFit(Construction.PREFIX, None)
+    except (TemplateError, jinja2.TemplateError) as err:
+        prefix_err = err
+    try:
+        _checked_delta_deltas(tokenizer, PROBE[:1], tools, [PROBE[2]])
+    except (TemplateError, jinja2.TemplateError) as delta_err:
+        raise TemplateError(
+            f"neither next-prompt construction fits this chat template: prefix: {prefix_err}; delta: {delta_err}"
+        ) from None
+    log.info("chat template is not prefix-preserving (%s): next prompts by delta render", prefix_err)
+    for probe in (PROBE, PROBE_ARGUMENTS_AS_TEXT):
+        try:
+            _checked_delta_deltas(tokenizer, probe[:3], tools, [probe[4]])
+            return TemplateFit(Construction.DELTA, None)
+        except TypeError:  # a template that joins call arguments as text (DeepSeek-V3's): the other probe
+            continue
+        except (TemplateError, jinja2.TemplateError):
+            break
+    return TemplateFit(Construction.DELTA, 1)
+
+
+def template_fit(tokenizer) -> TemplateFit:
+    """The construction and tool rounds of this tokenizer's template (and template kwargs), found once per
+    template (_fit)."""
+    key = _template_key(tokenizer)
+    if key not in _FITS:
+        _FITS[key] = _fit(tokenizer)
+        log.info("next prompts: the %s construction", _FITS[key].construction.value)
+    return _FITS[key]
 
 
 def construction_of(tokenizer) -> Construction:
-    """The construction this tokenizer's template (and template kwargs) needs, found once per template:
-    prefix when it builds the probe conversation's turns, else delta (which must then build them)."""
-    key = _template_key(tokenizer)
-    if key not in _CONSTRUCTIONS:
-        tools = [PROBE_TOOL]
-        try:
-            for end in (1, 3):
-                _prefix_deltas(tokenizer, PROBE[:end], tools, [PROBE[end + 1]])
-            found = Construction.PREFIX
-        except (TemplateError, jinja2.TemplateError) as err:
-            try:
-                _delta_deltas(tokenizer, tools, [PROBE[2]])
-            except (TemplateError, jinja2.TemplateError) as delta_err:
-                raise TemplateError(
-                    f"neither next-prompt construction fits this chat template: prefix: {err}; delta: {delta_err}"
-                ) from None
-            found = Construction.DELTA
-            log.info("chat template is not prefix-preserving (%s): next prompts by delta render", err)
-        _CONSTRUCTIONS[key] = found
-        log.info("next prompts: the %s construction", found.value)
-    return _CONSTRUCTIONS[key]
+    """The construction this tokenizer's template needs (template_fit)."""
+    return template_fit(tokenizer).construction
+
+
+def require_tool_rounds(tokenizer, rounds: int) -> None:
+    """Raise ConfigError when the template cannot build `rounds` tool rounds in a row (a config value asks for
+    them: rollout.max_turns)."""
+    most = template_fit(tokenizer).tool_rounds
+    if most is not None and rounds > most:
+        raise ConfigError(
+            f"this chat template builds next prompts token-in/token-out for {most} tool round(s) in a row: it renders "
+            f"a later round differently from the first (DeepSeek-V3's marks its first tool output only), so a "
+            f"trajectory of {rounds} rounds cannot keep its sampled tokens; set rollout.max_turns <= {most + 1}"
+        )
 
 
 def turn_deltas(
@@ -225,19 +291,12 @@ def turn_deltas(
     """
     if construction_of(tokenizer) is Construction.PREFIX:
         return _prefix_deltas(tokenizer, messages_before_assistant, tools, tool_messages)
-    deltas = _delta_deltas(tokenizer, tools, tool_messages)
+    require_tool_rounds(tokenizer, 1 + sum(bool(m.get("tool_calls")) for m in messages_before_assistant))
     key = _template_key(tokenizer)
     if _CHECKED.get(key, 0) < CHECKED_TURNS:  # the first turns: against the full render of the real history
         _CHECKED[key] = _CHECKED.get(key, 0) + 1
-        placeholder = {"role": "assistant", "content": PLACEHOLDER}
-        full = render(tokenizer, [*messages_before_assistant, placeholder, *tool_messages], tools, True)
-        tail = [*deltas.closing, *deltas.observation]
-        if full[len(full) - len(tail) :] != tail:
-            raise TemplateError(
-                "the delta-rendered closing and observation tokens are not what the template renders after "
-                "this assistant turn in the real conversation"
-            )
-    return deltas
+        return _checked_delta_deltas(tokenizer, messages_before_assistant, tools, tool_messages)
+    return _delta_deltas(tokenizer, tools, tool_messages)
 
 
 def next_prompt(

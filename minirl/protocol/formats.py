@@ -1,18 +1,30 @@
-"""Tool-call formats: how the body of one `<tool_call>...</tool_call>` block names a tool and
-its arguments. `protocol.format` picks one by name; it must match the model's chat template.
+"""Tool-call formats: where a turn's calls are written (`CallMarkup`) and how the body of one call names a
+tool and its arguments (its reader). `protocol.format` picks one by name; it must match the model's chat
+template.
 
-    hermes       (MiniMind, Qwen2.5)   {"name": "calculate_math", "arguments": {"expression": "2+2"}}
-    qwen3_coder  (Qwen3-Coder, ReTool) <function=code_interpreter>
-                                       <parameter=code>
-                                       print(2 + 2)
-                                       </parameter>
-                                       </function>
+    hermes       (MiniMind, Qwen2.5, Qwen3)  <tool_call>
+                                             {"name": "calculate_math", "arguments": {"expression": "2+2"}}
+                                             </tool_call>
+    qwen3_coder  (Qwen3-Coder, Qwen3.5,      <tool_call>
+                  ReTool)                    <function=code_interpreter>
+                                             <parameter=code>
+                                             print(2 + 2)
+                                             </parameter>
+                                             </function>
+                                             </tool_call>
+    llama3_json  (Llama 3.1, 3.2)            {"name": "calculate_math", "parameters": {"expression": "2+2"}}
+                                             the whole turn, after an optional <|python_tag|>; several
+                                             calls are separated by ";"
+    deepseek_v3  (DeepSeek-V3)               <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+                                             ```json
+                                             {"expression": "2+2"}
+                                             ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
-A reader takes a block body and the task's tool schemas and returns `(name, arguments)` or a
-short reason why the body is malformed. Readers never raise on model text and run in time
-linear in its length.
+A reader takes a call's body and the task's tool schemas and returns `(name, arguments)` or a short
+reason why the body is malformed. Readers and markup never raise on model text and run in time linear
+in its length.
 
-Hermes values are JSON and carry their types. Qwen3-Coder values are text, typed by the tool's schema
+JSON values carry their types. Qwen3-Coder values are text, typed by the tool's schema
 (`_typed`): a parameter's types are its `type` (one or a list), `nullable: true`, and the types of its
 `anyOf` / `oneOf` alternatives, in schema order. When the schema allows null, `null` (and `None`, how the
 template's `| string` writes Python's None) is null; otherwise the text becomes the first of those types
@@ -25,6 +37,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from minirl.registry import Registry
@@ -33,7 +46,6 @@ from minirl.tools.schema import TYPE_CHECKS, allowed_types
 ReadCall = tuple[str, dict[str, Any]]  # (tool name, arguments)
 CallReader = Callable[[str, Sequence[dict]], "ReadCall | str"]
 
-CALL_FORMATS: Registry[CallReader] = Registry("tool-call format")
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON can escape one; no text encoding can hold it
 
 
@@ -78,7 +90,6 @@ def lone_surrogate_at(value: Any, where: str = "") -> str | None:
     return None
 
 
-@CALL_FORMATS.register("hermes")
 def read_hermes(body: str, tools: Sequence[dict]) -> ReadCall | str:
     """A JSON object with a string `name` and `arguments` given as an object or as a JSON string
     holding one (missing or empty = no arguments). `tools` is not needed: JSON carries types."""
@@ -192,7 +203,6 @@ def _unframe(value: str) -> str:
     return value[:-1] if value.endswith("\n") else value
 
 
-@CALL_FORMATS.register("qwen3_coder")
 def read_qwen3_coder(body: str, tools: Sequence[dict]) -> ReadCall | str:
     """`<function=NAME>` then `<parameter=ARG>\\nVALUE\\n</parameter>` blocks separated by
     whitespace, then `</function>`; nothing else. A value may span lines and keeps them; nested
@@ -228,3 +238,195 @@ def read_qwen3_coder(body: str, tools: Sequence[dict]) -> ReadCall | str:
         arguments[arg] = _typed(_unframe(value), schemas.get(arg))
         pos = _SPACE.match(inner, value_end + len(PARAMETER_CLOSE)).end()
     return name, arguments
+
+
+_SEP, _FENCE_OPEN, _FENCE_CLOSE = "<｜tool▁sep｜>", "```json\n", "\n```"
+
+
+def read_deepseek_v3(body: str, tools: Sequence[dict]) -> ReadCall | str:
+    """`function<｜tool▁sep｜>NAME`, a newline, then the arguments as a JSON object fenced as ```json ... ```."""
+    kind, sep, rest = body.strip().partition(_SEP)
+    if not sep or kind != "function":
+        return f"tool call does not start with function{_SEP}NAME"
+    name, newline, fenced = rest.partition("\n")
+    if not newline or not _NAME.fullmatch(name):
+        return f"tool call has no valid function name (got {_snippet(name)})"
+    if not (fenced.startswith(_FENCE_OPEN) and fenced.endswith(_FENCE_CLOSE)):
+        return f"the arguments of '{name}' are not fenced as ```json ... ```"
+    try:
+        arguments = _load_json(fenced[len(_FENCE_OPEN) : len(fenced) - len(_FENCE_CLOSE)])
+    except json.JSONDecodeError as err:
+        return f"arguments of '{name}' are not valid JSON ({err.msg})"
+    return read_name_and_arguments(name, arguments)
+
+
+def read_llama3_json(body: str, tools: Sequence[dict]) -> ReadCall | str:
+    """A JSON object with a string `name` and its arguments as `parameters` (what the Llama 3 templates
+    write) or `arguments`, an object or a JSON string holding one."""
+    try:
+        obj = _load_json(body)
+    except json.JSONDecodeError as err:
+        return f"tool call is not valid JSON ({err.msg})"
+    if not isinstance(obj, dict):
+        return "tool call must be a JSON object"
+    if "parameters" in obj and "arguments" in obj:
+        return "tool call gives both 'parameters' and 'arguments'"
+    return read_name_and_arguments(obj.get("name"), obj.get("parameters", obj.get("arguments", {})))
+
+
+# -- where a turn's calls are ------------------------------------------------------------------
+
+Spans = list[tuple[int, int]]  # (start, end) of each call body in a text
+
+
+def without_tags(text: str, tags: Sequence[str]) -> str:
+    """`text` minus every occurrence of `tags`, including one that removing another brings together
+    ("<tool_<tool_call>call>" -> ""), in linear time. Each tag has one ">", at its end, so a tag can
+    only complete at a ">": the text is rebuilt piece by piece up to each ">", checking the end."""
+    if not any(tag in text for tag in tags):
+        return text
+    longest = max(map(len, tags))
+    *pieces, rest = text.split(">")
+    kept: list[str] = []
+    for piece in pieces:
+        kept.append(piece + ">")
+        tail = "".join(kept[-longest:])[-longest:]  # every kept part has at least one character
+        for tag in tags:
+            if tail.endswith(tag):
+                _drop_last_chars(kept, len(tag))
+                break
+    return "".join(kept) + rest
+
+
+def _drop_last_chars(parts: list[str], n: int) -> None:
+    """Remove the last `n` characters of `"".join(parts)` from `parts` (non-empty strings) in place."""
+    while n:
+        last = parts.pop()
+        if len(last) > n:
+            parts.append(last[:-n])
+        n = max(0, n - len(last))
+
+
+@dataclass(frozen=True)
+class TaggedMarkup:
+    """Each call's body between `open` and `close`, text around the calls being content; `wrappers` are tags a
+    template puts around a turn's calls (DeepSeek-V3), markup with no content of their own."""
+
+    open: str
+    close: str
+    wrappers: tuple[str, ...] = ()
+    anchored = False  # a call may start anywhere in the turn
+
+    @property
+    def starts(self) -> tuple[str, ...]:
+        """Tags that may begin a turn's call markup."""
+        return (self.open, *self.wrappers)
+
+    def spans(self, text: str) -> Spans | str:
+        """Each call body's span, or why the tags do not pair up."""
+        spans: Spans = []
+        pos = 0
+        while True:
+            start, close = text.find(self.open, pos), text.find(self.close, pos)
+            if start < 0 and close < 0:
+                return spans
+            if start < 0 or 0 <= close < start:
+                return f"{self.close} without a {self.open} before it"
+            if close < 0:
+                return f"{self.open} is not closed"
+            if text.find(self.open, start + len(self.open), close) >= 0:
+                return f"nested {self.open} tags"
+            spans.append((start + len(self.open), close))
+            pos = close + len(self.close)
+
+    def end_of(self, span: tuple[int, int]) -> int:
+        """Where the markup of the call with body `span` ends."""
+        return span[1] + len(self.close)
+
+    def without_calls(self, text: str) -> str:
+        """`text` minus its call blocks (each closed by the nearest close tag) and wrapper tags; other markup
+        stays."""
+        kept, pos = [], 0
+        while (start := text.find(self.open, pos)) >= 0:
+            end = text.find(self.close, start + len(self.open))
+            if end < 0:
+                break
+            kept.append(text[pos:start])
+            pos = end + len(self.close)
+        kept.append(text[pos:])
+        joined = "".join(kept)
+        return without_tags(joined, self.wrappers) if self.wrappers else joined
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """Every tag of the format: visible text holds none (`without_tags`)."""
+        return (self.open, self.close, *self.wrappers)
+
+
+PYTHON_TAG = "<|python_tag|>"
+
+
+@dataclass(frozen=True)
+class BareJsonMarkup:
+    """Calls as JSON objects with no tags (Llama 3): a turn whose text, stripped and after an optional
+    `<|python_tag|>`, starts with "{" is its calls, separated by ";" and nothing else; any other turn is
+    content. A call's span is one JSON value; text that is not JSON spans to the end, for the reader to
+    name the error."""
+
+    anchored = True  # a call only starts the turn (its text outside reasoning, as one piece)
+    starts = (PYTHON_TAG, "{")
+    tags = ()  # a turn is calls or content: nothing to remove from content
+
+    def _calls_from(self, text: str) -> int | None:
+        """Where the calls of `text` start, or None when it is content."""
+        start = len(text) - len(text.lstrip())
+        if text.startswith(PYTHON_TAG, start):
+            start = _SPACE.match(text, start + len(PYTHON_TAG)).end()
+            return start
+        return start if text.startswith("{", start) else None
+
+    def spans(self, text: str) -> Spans | str:
+        pos = self._calls_from(text)
+        if pos is None:
+            return []
+        decoder, spans = json.JSONDecoder(), []
+        while True:
+            try:
+                end = decoder.raw_decode(text, pos)[1]
+            except (ValueError, RecursionError):
+                return [*spans, (pos, len(text))]
+            spans.append((pos, end))
+            pos = _SPACE.match(text, end).end()
+            if pos == len(text):
+                return spans
+            if text[pos] != ";":
+                return f"text after a JSON tool call: {_snippet(text[pos:])}"
+            pos = _SPACE.match(text, pos + 1).end()
+
+    def end_of(self, span: tuple[int, int]) -> int:
+        return span[1]
+
+    def without_calls(self, text: str) -> str:
+        return text if self._calls_from(text) is None else ""
+
+
+CallMarkup = TaggedMarkup | BareJsonMarkup
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    """A model's way of writing tool calls: where they are in a turn, and how one call's body reads."""
+
+    markup: CallMarkup
+    read: CallReader
+
+
+CALL_FORMATS: Registry[CallFormat] = Registry("tool-call format")
+TOOL_CALL = TaggedMarkup("<tool_call>", "</tool_call>")
+CALL_FORMATS.register("hermes")(CallFormat(TOOL_CALL, read_hermes))
+CALL_FORMATS.register("qwen3_coder")(CallFormat(TOOL_CALL, read_qwen3_coder))
+CALL_FORMATS.register("llama3_json")(CallFormat(BareJsonMarkup(), read_llama3_json))
+DEEPSEEK_V3_CALL = TaggedMarkup(
+    "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", wrappers=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+)
+CALL_FORMATS.register("deepseek_v3")(CallFormat(DEEPSEEK_V3_CALL, read_deepseek_v3))

@@ -1,7 +1,8 @@
 """Parse one assistant turn into an answer, tool call(s), or an invalid turn.
 
-Calls sit in `<tool_call>...</tool_call>` blocks whose body the configured format reads
-(`minirl.protocol.formats`: Hermes JSON or Qwen3-Coder XML). Two call policies:
+Where calls sit in a turn and how their bodies read is the configured format's
+(`minirl.protocol.formats`: `<tool_call>` blocks of Hermes JSON or Qwen3-Coder XML, Llama 3's bare
+JSON, DeepSeek-V3's tagged calls). Two call policies:
 
     multi          (MiniMind)  up to `max_calls` blocks per turn; text around them is content
     strict_single  (ReTool)    exactly one block, nothing but whitespace after it, and no empty
@@ -14,8 +15,8 @@ turn invalid, with a reason. The parser never raises on model text and runs in l
 Reasoning is never read for calls. `split_reasoning` is the one rule every reader of a turn applies
 (training's parse_turn, the server's TurnSplitter, the evaluator through parse_message): scanning
 from the start, `<think>` opens reasoning up to the next `</think>`, or to the end of the turn when
-none follows; a `<tool_call>` with a `</tool_call>` after it is a call block, and its text (think
-tags included) belongs to the call; tool-call markup inside reasoning is reasoning text. The call
+none follows; a call's open tag (`<tool_call>`) with its close tag after it is a call block, and its
+text (think tags included) belongs to the call; tool-call markup inside reasoning is reasoning text. The call
 rules above apply to the text outside reasoning only. A `</think>` with no block open is text: the
 parser sees the turn, not the prompt, so it cannot tell a block the generation prompt opened from a
 stray tag (docs/tool_calls.md).
@@ -23,21 +24,18 @@ stray tag (docs/tool_calls.md).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from minirl.config import CallPolicy
-from minirl.protocol.formats import CALL_FORMATS, read_name_and_arguments
+from minirl.protocol.formats import CALL_FORMATS, TOOL_CALL, CallMarkup, read_name_and_arguments, without_tags
 from minirl.tools.base import ToolCall
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = TOOL_CALL.open, TOOL_CALL.close
 THINK_OPEN = "<think>"  # reasoning before the answer or the calls; not part of either
 THINK_CLOSE = "</think>"
-_THINK_OR_CALL = re.compile(f"{re.escape(THINK_OPEN)}|{re.escape(TOOL_CALL_OPEN)}")
 
 
 class TurnKind(str, Enum):
@@ -54,117 +52,56 @@ class ParsedTurn:
     reason: str = ""  # why the turn is invalid; empty otherwise
 
 
-def _without_blocks(text: str, open_tag: str, close_tag: str) -> str:
-    """`text` minus every `open_tag ... close_tag` block, each closed by the nearest close tag."""
-    kept, pos = [], 0
-    while (start := text.find(open_tag, pos)) >= 0:
-        end = text.find(close_tag, start + len(open_tag))
-        if end < 0:
-            break
-        kept.append(text[pos:start])
-        pos = end + len(close_tag)
-    kept.append(text[pos:])
-    return "".join(kept)
-
-
-def _drop_last_chars(parts: list[str], n: int) -> None:
-    """Remove the last `n` characters of `"".join(parts)` from `parts` (non-empty strings) in place."""
-    while n:
-        last = parts.pop()
-        if len(last) > n:
-            parts.append(last[:-n])
-        n = max(0, n - len(last))
-
-
-def _without_tags(text: str, tags: tuple[str, ...]) -> str:
-    """`text` minus every occurrence of `tags`, including one that removing another brings together
-    ("<tool_<tool_call>call>" -> ""), in linear time. Each tag has one ">", at its end, so a tag can
-    only complete at a ">": the text is rebuilt piece by piece up to each ">", checking the end."""
-    if not any(tag in text for tag in tags):
-        return text
-    longest = max(map(len, tags))
-    *pieces, rest = text.split(">")
-    kept: list[str] = []
-    for piece in pieces:
-        kept.append(piece + ">")
-        tail = "".join(kept[-longest:])[-longest:]  # every kept part has at least one character
-        for tag in tags:
-            if tail.endswith(tag):
-                _drop_last_chars(kept, len(tag))
-                break
-    return "".join(kept) + rest
-
-
-def split_reasoning(text: str) -> list[tuple[bool, str]]:
+def split_reasoning(text: str, markup: CallMarkup = TOOL_CALL) -> list[tuple[bool, str]]:
     """`text` as (is_reasoning, piece) pairs in order, empty pieces left out: the inside of each <think>
-    block (tags dropped) and the text around the blocks, by the rule in the module docstring."""
+    block (tags dropped) and the text around the blocks, by the rule in the module docstring; `markup` says
+    what a call block is (a format without close tags has none)."""
+    opener, closer = getattr(markup, "open", ""), getattr(markup, "close", "")
     pieces: list[tuple[bool, str]] = []
-    last_call_close = text.rfind(TOOL_CALL_CLOSE)  # a <tool_call> after it is not closed: no search needed
+    last_call_close = text.rfind(closer) if closer else -1  # an open tag after it is not closed: no search
     outside_from = pos = 0
-    while found := _THINK_OR_CALL.search(text, pos):
-        if found.group() == TOOL_CALL_OPEN:
-            closed = found.start() < last_call_close
-            pos = text.find(TOOL_CALL_CLOSE, found.end()) + len(TOOL_CALL_CLOSE) if closed else found.end()
+    think = text.find(THINK_OPEN)
+    while think >= 0:
+        call = text.find(opener, pos, think) if pos < last_call_close else -1
+        if call >= 0:  # a call block before the next <think>: skip it whole
+            pos = text.find(closer, call + len(opener)) + len(closer) if call < last_call_close else think
+            think = think if think >= pos else text.find(THINK_OPEN, pos)
             continue
-        close = text.find(THINK_CLOSE, found.end())
+        close = text.find(THINK_CLOSE, think + len(THINK_OPEN))
         end = close if close >= 0 else len(text)
-        pieces += [(False, text[outside_from : found.start()]), (True, text[found.end() : end])]
+        pieces += [(False, text[outside_from:think]), (True, text[think + len(THINK_OPEN) : end])]
         outside_from = pos = end + len(THINK_CLOSE) if close >= 0 else end
+        think = text.find(THINK_OPEN, pos)
     pieces.append((False, text[outside_from:]))
     return [(reasoning, piece) for reasoning, piece in pieces if piece]
 
 
-def without_call_blocks(text: str) -> str:
-    """`text` minus every `<tool_call> ... </tool_call>` block, each closed by the nearest close tag."""
-    return _without_blocks(text, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+def _outside_reasoning(text: str, markup: CallMarkup) -> list[str]:
+    """The pieces of `text` outside reasoning; one piece, joined, for markup whose calls must start it."""
+    pieces = [piece for reasoning, piece in split_reasoning(text, markup) if not reasoning]
+    return ["".join(pieces)] if markup.anchored else pieces
 
 
-def _outside_reasoning(text: str) -> list[str]:
-    return [piece for reasoning, piece in split_reasoning(text) if not reasoning]
+def _visible(outside: list[str], markup: CallMarkup) -> str:
+    """The user-visible text of the pieces outside reasoning: call blocks removed, and any tag of the format
+    left over (unbalanced, or brought together by a removal), so it never holds call markup; stripped."""
+    joined = "".join(markup.without_calls(piece) for piece in outside)
+    return without_tags(joined, markup.tags).strip()
 
 
-def _visible(outside: list[str]) -> str:
-    """The user-visible text of the pieces outside reasoning: call blocks removed, and any tool-call tag
-    left over (unbalanced, or brought together by a removal), so it never holds tool-call markup."""
-    joined = "".join(without_call_blocks(piece) for piece in outside)
-    return _without_tags(joined, (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)).strip()
-
-
-def final_answer_text(text: str) -> str:
-    """The user-visible part of an assistant turn: reasoning and tool-call markup removed, stripped."""
-    return _visible(_outside_reasoning(text))
-
-
-def _call_blocks(text: str) -> list[tuple[int, int]] | str:
-    """(start, end) of each block's body, or why the tags do not pair up."""
-    bodies: list[tuple[int, int]] = []
-    pos = 0
-    while True:
-        start, close = text.find(TOOL_CALL_OPEN, pos), text.find(TOOL_CALL_CLOSE, pos)
-        if start < 0 and close < 0:
-            return bodies
-        if start < 0 or 0 <= close < start:
-            return f"{TOOL_CALL_CLOSE} without a {TOOL_CALL_OPEN} before it"
-        if close < 0:
-            return f"{TOOL_CALL_OPEN} is not closed"
-        if text.find(TOOL_CALL_OPEN, start + len(TOOL_CALL_OPEN), close) >= 0:
-            return f"nested {TOOL_CALL_OPEN} tags"
-        bodies.append((start + len(TOOL_CALL_OPEN), close))
-        pos = close + len(TOOL_CALL_CLOSE)
-
-
-def _call_bodies(outside: list[str]) -> tuple[list[str], str] | str:
-    """The body of each call block in the pieces outside reasoning and the text after the last block, or
-    why the tags do not pair up. A block never spans pieces: split_reasoning keeps each one whole."""
+def _call_bodies(outside: list[str], markup: CallMarkup) -> tuple[list[str], str] | str:
+    """The body of each call in the pieces outside reasoning and the text after the last call (wrapper tags
+    dropped), or why the markup does not pair up. A block never spans pieces: split_reasoning keeps each
+    one whole."""
     bodies: list[str] = []
     after = ""
     for piece in outside:
-        blocks = _call_blocks(piece)
-        if isinstance(blocks, str):
-            return blocks
-        bodies += [piece[start:end] for start, end in blocks]
-        after = piece[blocks[-1][1] + len(TOOL_CALL_CLOSE) :] if blocks else after + piece
-    return bodies, after
+        spans = markup.spans(piece)
+        if isinstance(spans, str):
+            return spans
+        bodies += [piece[start:end] for start, end in spans]
+        after = piece[markup.end_of(spans[-1]) :] if spans else after + piece
+    return bodies, markup.without_calls(after)
 
 
 def _too_many_calls(count: int, policy: CallPolicy, max_calls: int) -> str:
@@ -186,7 +123,7 @@ def _strict_problem(after: str, calls: list[ToolCall]) -> str:
     """ReTool's rules beyond the call count, given the text after the last call outside reasoning; empty
     when the turn follows them."""
     if after.strip():
-        return f"text after {TOOL_CALL_CLOSE} (a turn either calls a tool or answers)"
+        return "text after the tool call (a turn either calls a tool or answers)"
     return _empty_argument(calls)
 
 
@@ -201,10 +138,10 @@ def parse_turn(
     """Classify an assistant turn. Calls get ids `{call_id_prefix}_{i}`; `tools` (the task's
     schemas) let a format read typed values. `max_calls` applies to the multi policy; the strict
     one allows a single call. An unknown `call_format` raises ConfigError."""
-    read_call = CALL_FORMATS.get(call_format)
-    outside = _outside_reasoning(text)
-    content = _visible(outside)
-    found = _call_bodies(outside)
+    markup, read_call = CALL_FORMATS.get(call_format).markup, CALL_FORMATS.get(call_format).read
+    outside = _outside_reasoning(text, markup)
+    content = _visible(outside, markup)
+    found = _call_bodies(outside, markup)
     if isinstance(found, str):
         return ParsedTurn(TurnKind.INVALID, content, reason=found)
     bodies, after = found

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from minirl.config import ProtocolConfig, RolloutConfig
 from minirl.data.task import Task
-from minirl.protocol.chat import assistant_turn, next_prompt, render, turn_deltas
+from minirl.protocol.chat import assistant_turn, next_prompt, render, require_tool_rounds, turn_deltas
 from minirl.protocol.observation import tool_messages
 from minirl.protocol.parsing import TurnKind, parse_turn
 from minirl.rollout.engine import Completion, Engine, SamplingParams
@@ -69,7 +69,9 @@ def run_agent(
     """`group_size` trajectories per task; trajectories of one task are contiguous. `protocol` says
     how calls are read (format, call policy) and how many tokens of each tool result the model sees. A task
     whose first prompt alone fills limits.max_total_tokens samples nothing: its trajectories end at once
-    (TOKEN_BUDGET, no response tokens)."""
+    (TOKEN_BUDGET, no response tokens). A chat template that cannot build limits.max_turns - 1 tool rounds in a
+    row raises TemplateError before anything is sampled (require_tool_rounds)."""
+    require_tool_rounds(tokenizer, limits.max_turns - 1)
     live: list[_Live] = []
     for index, task in enumerate(tasks):
         prompt = render(tokenizer, task.messages, task.tools, add_generation_prompt=True)

@@ -30,6 +30,7 @@ from minirl.config import ProtocolConfig, ServeConfig
 from minirl.inference.loop import StopReason
 from minirl.inference.sampling import SamplingParams
 from minirl.protocol.chat import render
+from minirl.protocol.formats import CALL_FORMATS
 from minirl.protocol.parsing import ParsedTurn, parse_turn
 from minirl.serving.auth import BearerAuth
 from minirl.serving.openai_api import (
@@ -107,7 +108,7 @@ def create_app(
         job = Job(prompt, _sampling(body, max_tokens))
         _submit(scheduler, job)
         read_calls = _call_reader(protocol, tools) if calls else None
-        splitters = [TurnSplitter(read_calls) for _ in range(body.n)]
+        splitters = [TurnSplitter(read_calls, CALL_FORMATS.get(protocol.format).markup) for _ in range(body.n)]
         header = ResponseHeader(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.model_id)
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage

@@ -7,7 +7,8 @@ The split is `split_reasoning`'s, the rule training's `parse_turn` reads a turn 
 the text is `content`; inside `<think>...</think>` it is `reasoning` (an unclosed `<think>` runs to
 the end of the turn) and tool-call markup there is reasoning text. Text that may be the start of a
 tag is held until the next delta shows whether it is one, so no tag is ever sent in part. From the
-first `<tool_call>` outside reasoning on, everything is held until the turn ends, then split by
+first tag that may start the call format's markup outside reasoning on (`<tool_call>`; for Llama 3's
+bare JSON a "{" that starts the content), everything is held until the turn ends, then split by
 `split_reasoning` itself (inside a call block a think tag is the call's text) and, when calls are
 read, `parse_turn` reads it: calls come out whole, with their blocks removed from the content; a
 turn whose markup does not parse keeps its content exactly as written, markup and all. Without call
@@ -15,7 +16,7 @@ reading the blocks stay in the content as text. Holding the rest of the turn cos
 text after a call (rare) and buys two guarantees: a call is never sent and then found to be invalid,
 and the pieces of any split of the text add up to the same result.
 
-Both channels come out stripped, like `final_answer_text`: leading whitespace is dropped and
+Both channels come out stripped, like parse_turn's content: leading whitespace is dropped and
 whitespace is released only once text follows it.
 """
 
@@ -25,16 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from minirl.protocol.parsing import (
-    THINK_CLOSE,
-    THINK_OPEN,
-    TOOL_CALL_OPEN,
-    ParsedTurn,
-    ToolCall,
-    TurnKind,
-    split_reasoning,
-    without_call_blocks,
-)
+from minirl.protocol.formats import CallMarkup
+from minirl.protocol.parsing import THINK_CLOSE, THINK_OPEN, ParsedTurn, ToolCall, TurnKind, split_reasoning
 
 
 class Channel(str, Enum):  # the values name the text fields of openai_api.ChoiceDelta
@@ -71,15 +64,16 @@ def _partial_tag(text: str, tags: tuple[str, ...]) -> int:
 
 
 class TurnSplitter:
-    """`read_calls` parses a turn's tool calls (e.g. `parse_turn` with the protocol's format);
-    None means the turn has no calls and tool-call markup is content text."""
+    """`read_calls` parses a turn's tool calls (e.g. `parse_turn` with the protocol's format, whose markup is
+    `markup`); None means the turn has no calls and tool-call markup is content text."""
 
-    def __init__(self, read_calls: Callable[[str], ParsedTurn] | None) -> None:
+    def __init__(self, read_calls: Callable[[str], ParsedTurn] | None, markup: CallMarkup) -> None:
         self.read_calls = read_calls
+        self.markup = markup
         self.channels = {channel: _Stripped() for channel in Channel}
         self.channel = Channel.content
         self.pending = ""  # text whose channel is not known yet
-        self.held: str | None = None  # the turn from its first <tool_call> on; None before one
+        self.held: str | None = None  # the turn from the start of its call markup on; None before it
 
     def feed(self, delta: str) -> list[Piece]:
         if self.held is not None:
@@ -96,17 +90,19 @@ class TurnSplitter:
         held, self.held = self.held, None
         parsed = self.read_calls(held) if self.read_calls else None
         calls = parsed.tool_calls if parsed is not None and parsed.kind is TurnKind.TOOL else []
-        for reasoning, text in split_reasoning(held):
+        for reasoning, text in split_reasoning(held, self.markup):
             if reasoning:
                 pieces += self._emit(Channel.reasoning, text)
             else:
-                pieces += self._emit(Channel.content, without_call_blocks(text) if calls else text)
+                pieces += self._emit(Channel.content, self.markup.without_calls(text) if calls else text)
         return pieces, calls
 
     def _tags(self) -> tuple[str, ...]:
         if self.channel is Channel.reasoning:
             return (THINK_CLOSE,)
-        return (THINK_OPEN, TOOL_CALL_OPEN)
+        if self.markup.anchored and self.channels[Channel.content].started:
+            return (THINK_OPEN,)  # the content has begun: no call can start it now
+        return (THINK_OPEN, *self.markup.starts)
 
     def _split(self, final: bool) -> list[Piece]:
         pieces: list[Piece] = []
@@ -119,8 +115,12 @@ class TurnSplitter:
                 self.pending = self.pending[cut:]
                 break
             at, tag = min(found)
+            if tag in self.markup.starts and self.markup.anchored and self.pending[:at].strip():
+                pieces += self._emit(self.channel, self.pending[:at])  # content begins before the tag
+                self.pending = self.pending[at:]
+                continue
             pieces += self._emit(self.channel, self.pending[:at])
-            if tag == TOOL_CALL_OPEN:
+            if tag in self.markup.starts:
                 self.held, self.pending = self.pending[at:], ""
                 break
             self.channel = Channel.reasoning if tag == THINK_OPEN else Channel.content
