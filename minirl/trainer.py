@@ -45,7 +45,7 @@ from minirl.inspection import (
 )
 from minirl.metrics import advantage_metrics, group_metrics, heldout_metrics, paired_split, rollout_metrics, sign_test_p
 from minirl.models.loading import load_model, load_tokenizer
-from minirl.protocol.chat import construction_of
+from minirl.protocol.chat import template_fit
 from minirl.rewards import SUCCESS_CRITERIA, score_all
 from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import build_engine
@@ -118,7 +118,8 @@ class Trainer:
         tracker = Tracker(
             cfg, self.run_dir, console, resume_step=self.step if state else None, run_id=state and state["run_id"]
         )
-        console.print(lines.construction_line(construction_of(self.tokenizer).value), highlight=False)
+        fit = template_fit(self.tokenizer)
+        console.print(lines.construction_line(fit.construction.value, fit.tool_rounds), highlight=False)
         if state is None:
             self.log_eval(0, tracker, result)
             if self.skipped_rows:

@@ -238,7 +238,7 @@ def _fit(tokenizer) -> TemplateFit:
         raise TemplateError(
             f"neither next-prompt construction fits this chat template: prefix: {prefix_err}; delta: {delta_err}"
         ) from None
-    log.info("chat template is not prefix-preserving (%s): next prompts by delta render", prefix_err)
+    log.debug("chat template is not prefix-preserving (%s): next prompts by delta render", prefix_err)
     for probe in (PROBE, PROBE_ARGUMENTS_AS_TEXT):
         try:
             _checked_delta_deltas(tokenizer, probe[:3], tools, [probe[4]])
@@ -256,7 +256,6 @@ def template_fit(tokenizer) -> TemplateFit:
     key = _template_key(tokenizer)
     if key not in _FITS:
         _FITS[key] = _fit(tokenizer)
-        log.info("next prompts: the %s construction", _FITS[key].construction.value)
     return _FITS[key]
 
 

@@ -45,10 +45,12 @@ def stale_sync_warning(step: int, engine: str, gap: float, gap_prev: float) -> s
     )
 
 
-def construction_line(construction: str) -> str:
-    """Which next-prompt construction the chat template needs (minirl/protocol/chat.py)."""
+def construction_line(construction: str, tool_rounds: int | None) -> str:
+    """Which next-prompt construction the chat template needs, and for how many tool rounds in a row (None: any
+    number; minirl/protocol/chat.py)."""
     how = {
         "prefix": "the template keeps earlier turns as rendered",
         "delta": "the template re-renders earlier turns, so appended messages are rendered against a fixed base",
     }[construction]
-    return f"next prompts: the {construction} construction ({how})"
+    rounds = "" if tool_rounds is None else f", for at most {tool_rounds} tool round(s) in a row"
+    return f"next prompts: the {construction} construction ({how}){rounds}"

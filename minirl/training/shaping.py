@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import jinja2
 import torch
 
 from minirl.algos.dapo import overlong_penalty, tied_groups, tokens_to_limit
@@ -62,14 +63,14 @@ def replayed(
     traj: Trajectory, tokenizer, executor: ToolExecutor, limits: AgentLimits, cfg: Config
 ) -> Trajectory | None:
     """The reference answer of traj's task replayed in its group slot and scored (`score`), or None where it
-    cannot guide: the task has none, the chat template cannot split it into turns, or the replay did not go
-    as the reference did (it ran into a limit, or a tool rejected or skipped one of its calls, so its answer
-    would not follow from what the tools returned)."""
+    cannot guide: the task has none, the chat template cannot split it into turns or refuses it, or the replay
+    did not go as the reference did (it ran into a limit, or a tool rejected or skipped one of its calls, so its
+    answer would not follow from what the tools returned)."""
     if not traj.task.reference:
         return None
     try:
         guide = replay_reference(traj.task, traj.group_index, tokenizer, executor, limits, cfg.protocol)
-    except TemplateError:
+    except (TemplateError, jinja2.TemplateError):  # the template refuses it (Llama 3's: two calls in a turn)
         return None
     results = [result for turn in guide.turns for result in turn.tool_results]
     if guide.finish_reason is not TrajectoryEnd.ANSWER or any(r.status != "ok" for r in results):
