@@ -464,6 +464,67 @@ def test_strict_single_policy(call_format):
     assert "3 tool calls in one turn (max 2)" in parse_turn(one * 3, **multi).reason
 
 
+LLAMA_SUM = '{"name": "calculate_math", "parameters": {"expression": "1+1"}}'
+LLAMA_TURNS = {  # text: (kind, calls, content, reason)
+    LLAMA_SUM: (TurnKind.TOOL, ["calculate_math"], "", ""),
+    f"<|python_tag|>{LLAMA_SUM}": (TurnKind.TOOL, ["calculate_math"], "", ""),
+    f"<think>Add.</think>\n {LLAMA_SUM}\n": (TurnKind.TOOL, ["calculate_math"], "", ""),
+    f"{LLAMA_SUM}; {LLAMA_SUM}": (TurnKind.TOOL, ["calculate_math"] * 2, "", ""),
+    f"{LLAMA_SUM}\n{LLAMA_SUM}": (TurnKind.TOOL, ["calculate_math"] * 2, "", ""),
+    '{"name": "calculate_math", "arguments": "{\\"x\\": 1}"}': (TurnKind.TOOL, ["calculate_math"], "", ""),
+    "It is 2, as {1+1} shows.": (TurnKind.ANSWER, [], "It is 2, as {1+1} shows.", ""),
+    f"Let me call it: {LLAMA_SUM}": (TurnKind.ANSWER, [], f"Let me call it: {LLAMA_SUM}", ""),
+    f"{LLAMA_SUM} The answer is 2.": (TurnKind.INVALID, [], "", "text after a JSON tool call"),
+    f"{LLAMA_SUM} {LLAMA_SUM}": (TurnKind.INVALID, [], "", "text after a JSON tool call"),
+    '{"name": "calculate_math", "parameters": {"expression": }': (TurnKind.INVALID, [], "", "not valid JSON"),
+    '{"parameters": {}}': (TurnKind.INVALID, [], "", "no string 'name'"),
+    '{"name": "f", "parameters": {}, "arguments": {}}': (TurnKind.INVALID, [], "", "both 'parameters' and"),
+    "<|python_tag|>print(1)": (TurnKind.INVALID, [], "", "not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("text", LLAMA_TURNS)
+def test_llama3_json_reads_a_turn_that_starts_with_json_as_its_calls(text):
+    kind, names, content, reason = LLAMA_TURNS[text]
+    parsed = parse_turn(text, "llama3_json", max_calls=4)
+    assert (parsed.kind, [c.name for c in parsed.tool_calls], parsed.content) == (kind, names, content)
+    assert reason in parsed.reason and (parsed.kind is TurnKind.INVALID) == bool(reason)
+
+
+def deepseek_call(name: str, arguments: str) -> str:
+    return f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{arguments}\n```<｜tool▁call▁end｜>"
+
+
+DEEPSEEK_SUM = deepseek_call("calculate_math", '{"expression": "1+1"}')
+DEEPSEEK_TURNS = {  # text: (kind, calls, content, reason)
+    f"<｜tool▁calls▁begin｜>{DEEPSEEK_SUM}<｜tool▁calls▁end｜>": (TurnKind.TOOL, ["calculate_math"], "", ""),
+    f"Adding.<｜tool▁calls▁begin｜>{DEEPSEEK_SUM}\n{DEEPSEEK_SUM}<｜tool▁calls▁end｜>": (
+        TurnKind.TOOL, ["calculate_math"] * 2, "Adding.", ""
+    ),
+    f"\n{DEEPSEEK_SUM}<｜tool▁calls▁end｜>": (TurnKind.TOOL, ["calculate_math"], "", ""),  # its template's 2nd round
+    "It is 2.": (TurnKind.ANSWER, [], "It is 2.", ""),
+    deepseek_call("calculate_math", "{oops}"): (TurnKind.INVALID, [], "", "not valid JSON"),
+    DEEPSEEK_SUM.replace("```json\n", ""): (TurnKind.INVALID, [], "", "not fenced"),
+    DEEPSEEK_SUM.replace("function", "method"): (TurnKind.INVALID, [], "", "does not start with function"),
+    DEEPSEEK_SUM.removesuffix("<｜tool▁call▁end｜>"): (  # its text stays content, with no tag, as Hermes' does
+        TurnKind.INVALID, [], DEEPSEEK_SUM.removeprefix("<｜tool▁call▁begin｜>").removesuffix("<｜tool▁call▁end｜>"),
+        "is not closed",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("text", DEEPSEEK_TURNS)
+def test_deepseek_v3_reads_its_tagged_calls(text):
+    kind, names, content, reason = DEEPSEEK_TURNS[text]
+    parsed = parse_turn(text, "deepseek_v3", max_calls=4)
+    assert (parsed.kind, [c.name for c in parsed.tool_calls], parsed.content) == (kind, names, content)
+    assert reason in parsed.reason and (parsed.kind is TurnKind.INVALID) == bool(reason)
+    if kind is TurnKind.TOOL:
+        assert parsed.tool_calls[0].arguments == {"expression": "1+1"}
+    strict = parse_turn(text, "deepseek_v3", CallPolicy.strict_single)  # the closing wrapper is not text after
+    assert strict.kind is (TurnKind.INVALID if len(names) > 1 else kind)
+
+
 # --- hostile text -----------------------------------------------------------------------------
 
 
@@ -494,6 +555,25 @@ def test_malformed_xml_calls_make_the_turn_invalid(text, reason):
     parsed = parse_turn(text, "qwen3_coder")
     assert parsed.kind is TurnKind.INVALID and not parsed.tool_calls
     assert reason in parsed.reason
+
+
+@pytest.mark.parametrize("call_format", ["llama3_json", "deepseek_v3"])
+def test_huge_and_pathological_text_of_the_other_formats_is_handled_in_linear_time(call_format):
+    started = time.perf_counter()
+    for text in [
+        "{" * 100_000,
+        "[" * 100_000,
+        '{"name": "f", "parameters": {}}\n' * 20_000,
+        '{"name": "f", "parameters": {}};' * 20_000 + "x",
+        "<|python_tag|>" * 50_000,
+        "<｜tool▁call▁begin｜>" * 50_000,
+        "<｜tool▁calls▁begin｜>" * 50_000 + "<｜tool▁call▁end｜>",
+        deepseek_call("f", "[" * 100_000),
+        "<think>" * 50_000 + "{",
+    ]:
+        parsed = parse_turn(text, call_format, max_calls=3)
+        assert (parsed.kind is TurnKind.INVALID) == bool(parsed.reason)
+    assert time.perf_counter() - started < 5.0
 
 
 @pytest.mark.parametrize("call_format", ["hermes", "qwen3_coder"])

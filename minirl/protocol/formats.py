@@ -14,7 +14,7 @@ template.
                                              </tool_call>
     llama3_json  (Llama 3.1, 3.2)            {"name": "calculate_math", "parameters": {"expression": "2+2"}}
                                              the whole turn, after an optional <|python_tag|>; several
-                                             calls are separated by ";"
+                                             calls are separated by ";" or a line break
     deepseek_v3  (DeepSeek-V3)               <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
                                              ```json
                                              {"expression": "2+2"}
@@ -369,8 +369,8 @@ PYTHON_TAG = "<|python_tag|>"
 @dataclass(frozen=True)
 class BareJsonMarkup:
     """Calls as JSON objects with no tags (Llama 3): a turn whose text, stripped and after an optional
-    `<|python_tag|>`, starts with "{" is its calls, separated by ";" and nothing else; any other turn is
-    content. A call's span is one JSON value; text that is not JSON spans to the end, for the reader to
+    `<|python_tag|>`, starts with "{" is its calls, separated by ";" or a line break and nothing else; any
+    other turn is content. A call's span is one JSON value; text that is not JSON spans to the end, for the reader to
     name the error."""
 
     anchored = True  # a call only starts the turn (its text outside reasoning, as one piece)
@@ -399,9 +399,10 @@ class BareJsonMarkup:
             pos = _SPACE.match(text, end).end()
             if pos == len(text):
                 return spans
-            if text[pos] != ";":
+            if text[pos] == ";":
+                pos = _SPACE.match(text, pos + 1).end()
+            elif not (text[pos] == "{" and "\n" in text[end:pos]):
                 return f"text after a JSON tool call: {_snippet(text[pos:])}"
-            pos = _SPACE.match(text, pos + 1).end()
 
     def end_of(self, span: tuple[int, int]) -> int:
         return span[1]
