@@ -171,7 +171,7 @@ class ProtocolConfig:
     """How tool calls are written and read (minirl/protocol). `format` must match the model's chat
     template: the embedded tiny model and Qwen2.5 write Hermes JSON, Qwen3-Coder writes XML."""
 
-    format: str = "hermes"  # registry key: hermes | qwen3_coder | llama3_json | deepseek_v3
+    format: str = "hermes"  # registry key: hermes | qwen3_coder | llama3_json | deepseek_v3 | harmony
     call_policy: CallPolicy = CallPolicy.multi  # multi (MiniMind) | strict_single (ReTool)
     max_calls_per_turn: int = 4  # more calls in one turn make the turn invalid; 1 under strict_single
     max_tool_output_tokens: int = 512  # a longer observation keeps this many tokens, then a marker

@@ -227,9 +227,12 @@ class ScriptedEngine:
     that misalignment shows. `stop=False` runs into the token limit instead of ending the turn;
     `return_eos=False` ends the turn without returning the end-of-turn token, as some samplers do."""
 
-    def __init__(self, tokenizer, script: list[str], stop: bool = True, return_eos: bool = True) -> None:
+    def __init__(
+        self, tokenizer, script: list[str], stop: bool = True, return_eos: bool = True, end_tokens: tuple = ()
+    ) -> None:
         self.tokenizer, self.script, self.stop, self.return_eos = tokenizer, script, stop, return_eos
-        self.end_ids = frozenset({tokenizer.eos_token_id})
+        # more end-of-turn tokens (harmony's <|call|>): a scripted turn that ends with one gets no eos after it
+        self.end_ids = frozenset({tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(list(end_tokens))})
         self.calls = 0
         self.prompts: list[list[list[int]]] = []
 
@@ -237,9 +240,7 @@ class ScriptedEngine:
         self.prompts.append([list(p) for p in prompts])
         text = self.script[self.calls]
         self.calls += 1
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if self.stop and self.return_eos:
-            ids = ids + [self.tokenizer.eos_token_id]
+        ids = self.turn_ids(text)
         stopped = self.stop and len(ids) <= params.max_new_tokens  # a cut turn did not end
         ids = ids[: params.max_new_tokens]
         out = []
@@ -247,6 +248,13 @@ class ScriptedEngine:
             logprobs = [-(row + 1) * 0.001 - i * 0.01 for i in range(len(ids))]
             out.append(Completion(list(ids), logprobs, stopped))
         return out
+
+    def turn_ids(self, text: str) -> list[int]:
+        """The tokens the engine answers `text` with: its tokens, then eos when the turn stops and returns its end
+        token, unless the text ends with an end-of-turn token of its own."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ends_itself = bool(ids) and ids[-1] in self.end_ids
+        return ids + [self.tokenizer.eos_token_id] if self.stop and self.return_eos and not ends_itself else ids
 
     def sync_weights(self, model) -> None:
         pass

@@ -205,7 +205,8 @@ def test_unknown_registry_names_list_the_known_ones():
     with pytest.raises(ConfigError, match="unknown success criterion 'boxed'; known: boxed_answer, gt_in_answer"):
         validate(compose_cfg("reward.success=boxed"))
     with pytest.raises(
-        ConfigError, match="unknown tool-call format 'json'; known: deepseek_v3, hermes, llama3_json, qwen3_coder"
+        ConfigError,
+        match="unknown tool-call format 'json'; known: deepseek_v3, harmony, hermes, llama3_json, qwen3_coder",
     ):
         validate(compose_cfg("protocol.format=json"))
     with pytest.raises(ConfigError, match="unknown sft.corpus 'nope'; known: synthetic_math, synthetic_tools"):

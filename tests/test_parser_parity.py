@@ -1,11 +1,14 @@
-"""Parity with vLLM's tool-parser tests: each case of vLLM's hermes and qwen3_coder parser tests, written here
-as data (model output + tools -> calls and content), read by minirl's parse_turn and, for the streamed ones,
-by the server's TurnSplitter. A case either agrees with vLLM (same call names, same arguments as values, the
-same content up to minirl's stripping of whitespace) or says in `differs` how and why minirl reads it its own
-way; docs/tool_calls.md lists every case, and a test here keeps that table and its counts honest.
+"""Parity with vLLM's tool-parser tests: each case of vLLM's hermes, qwen3_coder, llama3_json and deepseek_v3
+parser tests, written here as data (model output + tools -> calls and content), read by minirl's parse_turn and,
+for the streamed ones, by the server's TurnSplitter. A case either agrees with vLLM (same call names, same
+arguments as values, the same content up to minirl's stripping of whitespace) or says in `differs` how and why
+minirl reads it its own way; docs/tool_calls.md lists every case, and a test here keeps that table and its counts
+honest.
 
 Sources, in vllm-project/vllm: tests/tool_parsers/test_hermes_tool_parser.py (H), test_qwen3coder_tool_parser.py
-(Q) and test_qwen3_xml_coder_shared.py (S; its tests that repeat a Q test with the same text are not repeated).
+(Q), test_qwen3_xml_coder_shared.py (S; its tests that repeat a Q test with the same text are not repeated),
+test_llama3_json_tool_parser.py (L) and test_deepseekv3_tool_parser.py (D: the shared tests of common_tests.py
+on its model outputs).
 """
 
 from __future__ import annotations
@@ -182,7 +185,21 @@ ONE_BAD_BLOCK = (
     "broken call makes the turn invalid rather than partly run"
 )
 
-H, Q, S = "H::", "Q::", "S::"
+PROSE_AROUND_JSON = (
+    "vLLM finds JSON calls anywhere in the text and drops the prose around them (content None); minirl reads "
+    "calls only when they start the turn, so this turn is an answer with the JSON as text: an RL policy is "
+    "never paid for a call buried in prose"
+)
+TEXT_AFTER_JSON = (
+    "vLLM keeps the call and drops the prose after it; minirl's turn is invalid ('text after a JSON tool "
+    "call'): a Llama 3 turn is its calls or content, never both"
+)
+NOT_A_CALL = (
+    "vLLM returns the text as content with no call; minirl's turn is invalid: a turn that starts with { is its "
+    "calls, and a call that does not read is counted, not taken for an answer"
+)
+
+H, Q, S, L, D = "H::", "Q::", "S::", "L::", "D::"
 PLAIN_H = "This is some prior text that has nothing to do with tool calling."
 TRIGGER = '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}\n</tool_call>'
 TEMPERATURE = (
@@ -194,6 +211,42 @@ DB_CONFIG = '<tool_call>\n{"name": "get_db_config", "arguments": "{\\"param\\": 
 
 def string_arguments(value: str) -> str:
     return "<tool_call>" + json.dumps({"name": "f", "arguments": value}) + "</tool_call>"
+
+
+SEARCH_1 = '{"name": "searchTool", "parameters": {"query": "test1"}}'
+INCIDENTS = '{"name": "getOpenIncidentsTool", "parameters": {}}'
+SEARCH_2 = '{"name": "searchTool", "parameters": {"query": "test2"}}'
+SEARCH_TEST = '{"name": "searchTool", "parameters": {"query": "test"}}'
+THREE_CALLS = (("searchTool", {"query": "test1"}), ("getOpenIncidentsTool", {}), ("searchTool", {"query": "test2"}))
+
+
+def deepseek(*calls: tuple[str, str]) -> str:
+    """A DeepSeek-V3 turn's calls, each (name, its arguments as JSON text)."""
+    body = "".join(
+        f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{arguments}\n```<｜tool▁call▁end｜>"
+        for name, arguments in calls
+    )
+    return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
+
+
+TOKYO = deepseek(("get_weather", '{"city": "Tokyo", "unit": "celsius"}'))
+TOKYO_HOTELS = deepseek(
+    ("get_weather", '{"city": "Tokyo", "unit": "celsius"}'),
+    ("search_hotels", '{"location": "Tokyo", "check_in": "2025-01-15"}'),
+)
+TOKYO_CALLS = (
+    ("get_weather", {"city": "Tokyo", "unit": "celsius"}),
+    ("search_hotels", {"location": "Tokyo", "check_in": "2025-01-15"}),
+)
+DATA_TYPES = (
+    '{"string_field": "hello", "int_field": 42, "float_field": 3.14, "bool_field": true, "null_field": null, '
+    '"array_field": ["a", "b", "c"], "object_field": {"nested": "value"}, "empty_array": [], "empty_object": {}}'
+)
+NO_CALL_BEGIN = (
+    deepseek(("get_weather", '{"city": "Tokyo"}'))
+    .replace("<｜tool▁call▁begin｜>", "")
+    .replace("<｜tool▁call▁end｜>", "")
+)
 
 
 CASES = [
@@ -899,6 +952,303 @@ CASES = [
             tools=(function("set_value", {"optional": {"anyOf": [{"type": "string"}, {"type": "null"}]}}),),
         )
         for literal in ["null", "None"]
+    ),
+    # -- llama3_json --------------------------------------------------------------------------------------------
+    Case(
+        L + "test_extract_tool_calls_simple",
+        "a call inside prose is read, the prose dropped",
+        "llama3_json",
+        'Here is the result: {"name": "getOpenIncidentsTool", "parameters": {}} Would you like to know more?',
+        ANSWER,
+        content='Here is the result: {"name": "getOpenIncidentsTool", "parameters": {}} Would you like to know more?',
+        differs=PROSE_AROUND_JSON,
+    ),
+    Case(
+        L + "test_extract_tool_calls_with_arguments",
+        "a string and an integer argument",
+        "llama3_json",
+        '{"name": "searchTool", "parameters": {"query": "test query", "limit": 10}}',
+        TOOL,
+        (("searchTool", {"query": "test query", "limit": 10}),),
+    ),
+    Case(
+        L + "test_extract_tool_calls_no_json",
+        "no call in plain text",
+        "llama3_json",
+        "This is just some text without any tool calls",
+        ANSWER,
+        content="This is just some text without any tool calls",
+    ),
+    Case(
+        L + "test_extract_tool_calls_invalid_json",
+        "broken JSON is no call",
+        "llama3_json",
+        '{"name": "invalidTool", "parameters": {invalid json}',
+        INVALID,
+        reason="tool call is not valid JSON",
+        differs=NOT_A_CALL + " ('tool call is not valid JSON')",
+    ),
+    Case(
+        L + "test_extract_tool_calls_with_arguments_key",
+        "arguments under 'arguments' instead of 'parameters'",
+        "llama3_json",
+        '{"name": "searchTool", "arguments": {"query": "test"}}',
+        TOOL,
+        (("searchTool", {"query": "test"}),),
+    ),
+    Case(
+        L + "test_extract_tool_calls_multiple_json",
+        "three calls separated by '; '",
+        "llama3_json",
+        f"{SEARCH_1}; {INCIDENTS}; {SEARCH_2}",
+        TOOL,
+        THREE_CALLS,
+    ),
+    Case(
+        L + "test_extract_tool_calls_multiple_json_with_whitespace",
+        "three calls separated by ' ; '",
+        "llama3_json",
+        f"{SEARCH_1} ; {INCIDENTS} ; {SEARCH_2}",
+        TOOL,
+        THREE_CALLS,
+    ),
+    Case(
+        L + "test_extract_tool_calls_multiple_json_with_surrounding_text",
+        "three calls inside prose are read",
+        "llama3_json",
+        f"Here are the results: {SEARCH_1}; {INCIDENTS}; {SEARCH_2} Would you like to know more?",
+        ANSWER,
+        content=f"Here are the results: {SEARCH_1}; {INCIDENTS}; {SEARCH_2} Would you like to know more?",
+        differs=PROSE_AROUND_JSON,
+    ),
+    Case(
+        L + "test_extract_tool_calls_deeply_nested_json",
+        "arguments nested five levels deep",
+        "llama3_json",
+        '{"name": "complexTool", "parameters": {"level1": {"level2": {"level3": {"level4": {"value": "deep"}}}}}}',
+        TOOL,
+        (("complexTool", {"level1": {"level2": {"level3": {"level4": {"value": "deep"}}}}}),),
+    ),
+    Case(
+        L + "test_extract_tool_calls_multiple_with_deep_nesting",
+        "two calls, the second deeply nested",
+        "llama3_json",
+        (
+            '{"name": "simpleTool", "parameters": {"value": "test"}}; {"name": "complexTool", "parameters": '
+            '{"config": {"database": {"connection": {"pool": {"size": 10}}}}}}'
+        ),
+        TOOL,
+        (
+            ("simpleTool", {"value": "test"}),
+            ("complexTool", {"config": {"database": {"connection": {"pool": {"size": 10}}}}}),
+        ),
+    ),
+    Case(
+        L + "test_extract_tool_calls_with_quotes_and_brackets_in_string",
+        "braces and brackets inside string values",
+        "llama3_json",
+        (
+            '{"name": "searchTool", "parameters": {"query": "test {value} [complex]",'
+            '"nested": {"inner": "more {brackets}"}}}'
+        ),
+        TOOL,
+        (("searchTool", {"query": "test {value} [complex]", "nested": {"inner": "more {brackets}"}}),),
+    ),
+    Case(
+        L + "test_extract_tool_calls_with_escaped_quotes_in_nested_json",
+        "escaped quotes around braces in a string value",
+        "llama3_json",
+        '{"name": "parserTool", "parameters": {"text": "He said \\"Hello {world}\\""}}',
+        TOOL,
+        (("parserTool", {"text": 'He said "Hello {world}"'}),),
+    ),
+    Case(
+        L + "test_extract_tool_calls_missing_name_key",
+        "JSON without 'name' is content",
+        "llama3_json",
+        '{"parameters": {}}',
+        INVALID,
+        reason="tool call has no string 'name'",
+        differs=NOT_A_CALL + " ('tool call has no string 'name'')",
+    ),
+    Case(
+        L + "test_extract_tool_calls_missing_parameters_and_arguments_key",
+        "JSON with 'name' but neither 'parameters' nor 'arguments' is content",
+        "llama3_json",
+        '{"name": "toolWithoutParams"}',
+        TOOL,
+        (("toolWithoutParams", {}),),
+        differs=(
+            "vLLM needs 'parameters' or 'arguments' and returns the text as content; minirl reads a call with no "
+            "arguments, as it reads a Hermes call without 'arguments', and the tool's schema check then judges it"
+        ),
+    ),
+    Case(
+        L + "test_extract_tool_calls_brace_in_trailing_text",
+        "a brace in prose after the call does not discard the call",
+        "llama3_json",
+        SEARCH_TEST + " I used {searchTool} for this.",
+        INVALID,
+        reason="text after a JSON tool call",
+        differs=TEXT_AFTER_JSON,
+    ),
+    Case(
+        L + "test_extract_tool_calls_json_fragment_in_trailing_text",
+        "a JSON object without 'name' in prose after the call does not discard the call",
+        "llama3_json",
+        SEARCH_TEST + ' The arguments I passed were {"query": "test"}',
+        INVALID,
+        reason="text after a JSON tool call",
+        differs=TEXT_AFTER_JSON,
+    ),
+    *(
+        Case(
+            L + f"test_extract_tool_calls_streaming_parallel_separators[{label}]",
+            "two calls stream whole, whatever separates them",
+            "llama3_json",
+            SEARCH_1 + separator + INCIDENTS,
+            TOOL,
+            (("searchTool", {"query": "test1"}), ("getOpenIncidentsTool", {})),
+            chunk_sizes=(7,),
+        )
+        for label, separator in [("; ", "; "), (";", ";"), (";\\n", ";\n"), ("\\n", "\n")]
+    ),
+    # -- deepseek_v3: common_tests.py's tests on the outputs of test_deepseekv3_tool_parser.py ----------------------
+    Case(
+        D + "test_no_tool_calls[True,False]",
+        "plain text is content",
+        "deepseek_v3",
+        "How can I help you today? I can check weather for you.",
+        ANSWER,
+        content="How can I help you today? I can check weather for you.",
+        chunk_sizes=(1,),
+    ),
+    Case(
+        D + "test_single_tool_call_simple_args[True,False]",
+        "one call, string values",
+        "deepseek_v3",
+        TOKYO,
+        TOOL,
+        (("get_weather", {"city": "Tokyo", "unit": "celsius"}),),
+        chunk_sizes=(1,),
+    ),
+    Case(
+        D + "test_parallel_tool_calls[True,False]",
+        "two calls, in order",
+        "deepseek_v3",
+        TOKYO_HOTELS,
+        TOOL,
+        TOKYO_CALLS,
+        chunk_sizes=(1,),
+    ),
+    Case(
+        D + "test_various_data_types[True,False]",
+        "every JSON type keeps its type",
+        "deepseek_v3",
+        deepseek(("test_function", DATA_TYPES)),
+        TOOL,
+        (
+            (
+                "test_function",
+                {
+                    "string_field": "hello",
+                    "int_field": 42,
+                    "float_field": 3.14,
+                    "bool_field": True,
+                    "null_field": None,
+                    "array_field": ["a", "b", "c"],
+                    "object_field": {"nested": "value"},
+                    "empty_array": [],
+                    "empty_object": {},
+                },
+            ),
+        ),
+        chunk_sizes=(1,),
+    ),
+    Case(
+        D + "test_empty_arguments[True,False]",
+        "a call with {} arguments",
+        "deepseek_v3",
+        deepseek(("get_current_time", "{}")),
+        TOOL,
+        (("get_current_time", {}),),
+        chunk_sizes=(1,),
+    ),
+    Case(
+        D + "test_surrounding_text[True,False]",
+        "content before the calls, then a call",
+        "deepseek_v3",
+        "Let me check the weather for you." + deepseek(("get_weather", '{"city": "Paris"}')),
+        TOOL,
+        (("get_weather", {"city": "Paris"}),),
+        "Let me check the weather for you.",
+        chunk_sizes=(1,),
+    ),
+    Case(
+        D + "test_escaped_strings[True,False]",
+        "escaped quotes, backslashes and newlines in values",
+        "deepseek_v3",
+        deepseek(
+            (
+                "send_message",
+                '{"text": "He said \\"hello\\"", "path": "C:\\\\Users\\\\file", "newline": "line1\\nline2"}',
+            )
+        ),
+        TOOL,
+        (("send_message", {"text": 'He said "hello"', "path": "C:\\Users\\file", "newline": "line1\nline2"}),),
+        chunk_sizes=(1,),
+    ),
+    Case(
+        D + "test_malformed_input[True,False] (arguments not closed)",
+        "no crash on arguments whose JSON is not closed",
+        "deepseek_v3",
+        deepseek(("get_weather", '{"city": "Tokyo"')),
+        INVALID,
+        reason="arguments of 'get_weather' are not valid JSON",
+        differs=(
+            'vLLM returns a call whose arguments are the unparsed text {"city": "Tokyo" (not JSON); minirl\'s '
+            "turn is invalid ('arguments of 'get_weather' are not valid JSON'): a call whose arguments do not read "
+            "is not run"
+        ),
+        chunk_sizes=(1,),
+    ),
+    Case(
+        D + "test_malformed_input[True,False] (no tool▁call▁begin)",
+        "no crash on a call without its <｜tool▁call▁begin｜> and <｜tool▁call▁end｜>",
+        "deepseek_v3",
+        NO_CALL_BEGIN,
+        ANSWER,
+        content='functionget_weather\n```json\n{"city": "Tokyo"}\n```',
+        differs=(
+            "vLLM's whole-text reading sets tools_called with no call and drops the text (content None; its test "
+            "marks this xfail); its streamed reading, like minirl's, has no call and the text as content, where "
+            "minirl also drops the stray <｜tool▁sep｜>: no call markup is content"
+        ),
+        chunk_sizes=(1,),
+    ),
+    Case(
+        D + "test_streaming_reconstruction",
+        "streamed and whole readings of one call agree",
+        "deepseek_v3",
+        TOKYO,
+        TOOL,
+        (("get_weather", {"city": "Tokyo", "unit": "celsius"}),),
+        chunk_sizes=(1,),
+    ),
+    *(
+        Case(
+            D + f"test_streaming_split_invariance[{label}]",
+            "the streamed calls do not depend on how the deltas are cut",
+            "deepseek_v3",
+            text,
+            TOOL,
+            calls,
+            chunk_sizes=(1, 2, 3, 5, 8, 13, 9999),
+        )
+        for label, text, calls in [
+            ("single", TOKYO, (("get_weather", {"city": "Tokyo", "unit": "celsius"}),)),
+            ("parallel", TOKYO_HOTELS, TOKYO_CALLS),
+        ]
     ),
 ]
 

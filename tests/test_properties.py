@@ -32,6 +32,7 @@ TOKENIZER_PROPERTY = settings(PROPERTY, max_examples=60, suppress_health_check=[
 
 # -- the tool-call parsers -------------------------------------------------------------------
 
+HARMONY_TAGS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>", "<|return|>"]
 DEEPSEEK_TAGS = [
     "<｜tool▁calls▁begin｜>",
     "<｜tool▁call▁begin｜>",
@@ -43,7 +44,7 @@ MARKUP = [
     TOOL_CALL_OPEN, TOOL_CALL_CLOSE, "<function=", "</function>", "<parameter=", "</parameter>", "<think>",
     "</think>", "<tool_response>", ">", "=", "\n", " ", '{"name": "f"', '"arguments": ', '"parameters": ', "{", "}",
     "[", "]", '"', ",", ":", ";", "null", "1", "f", "code", "<|python_tag|>", *DEEPSEEK_TAGS, "function", "```json\n",
-    "\n```",
+    "\n```", *HARMONY_TAGS, "<|start|>assistant", " to=functions.f", "analysis", "final", " json",
 ]  # fmt: skip
 # text a model could write: arbitrary unicode, markup soup with unicode between, and deep nesting
 model_text = st.one_of(
@@ -103,6 +104,7 @@ CALL_MARKUP = (
     "<parameter=",
     "</parameter>",
     *DEEPSEEK_TAGS,
+    *HARMONY_TAGS,
     "<|im_end|>",
     "<|eot_id|>",
     "<｜end▁of▁sentence｜>",
@@ -130,6 +132,7 @@ CALL_ARGUMENTS = {
     "hermes": JSON_ARGUMENTS,
     "llama3_json": JSON_ARGUMENTS,
     "deepseek_v3": JSON_ARGUMENTS,
+    "harmony": JSON_ARGUMENTS,
     "qwen3_coder": st.dictionaries(keys, typed_argument, max_size=4).map(
         lambda typed: ({k: value for k, (_, value) in typed.items()}, {k: t for k, (t, _) in typed.items()})
     ),
@@ -140,8 +143,10 @@ TEMPLATE_OF_FORMAT = {
     "qwen3_coder": ("qwen3_coder.jinja", "<|im_end|>"),
     "llama3_json": ("llama3_2.jinja", "<|eot_id|>"),
     "deepseek_v3": ("deepseekv3.jinja", "<｜end▁of▁sentence｜>"),
+    "harmony": ("gptoss.jinja", "<|call|>"),
 }
-SINGLE_CALL_TEMPLATES = {"llama3_json"}  # their template renders one call per turn, and no content beside it
+# their template renders one call per turn, and no content beside it (gpt-oss's: as the call's analysis message)
+SINGLE_CALL_TEMPLATES = {"llama3_json", "harmony"}
 ARGUMENTS_AS_TEXT = {"deepseek_v3"}  # its template concatenates the arguments: it needs them as JSON text
 OPENED_THINK = "<think>\n"  # DeepSeek-V3's generation prompt opens a think block that its turns do not render
 
@@ -158,9 +163,9 @@ def rendered_turn(tokenizer, call_format: str, content: str, calls) -> tuple[str
     template, end_of_turn = TEMPLATE_OF_FORMAT[call_format]
     chat_template = third_party_template(template) if template else tokenizer.chat_template
     tools = [
-        {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {
-            key: {"type": declared} for key, declared in types.items()
-        }}}}
+        {"type": "function", "function": {"name": name, "description": "A tool.", "parameters": {
+            "type": "object", "properties": {key: {"type": declared} for key, declared in types.items()}
+        }}}
         for name, _, types in calls
     ]  # fmt: skip
     as_text = call_format in ARGUMENTS_AS_TEXT

@@ -135,7 +135,9 @@ THINK_PROMPT_TEMPLATE = (
 def test_a_template_that_drops_earlier_replies_fits_no_construction_and_raises(tokenizer):
     original, tokenizer.chat_template = tokenizer.chat_template, HISTORY_REWRITING_TEMPLATE
     try:
-        with pytest.raises(TemplateError, match=r"neither .* fits.*rewrites history \(tool messages\).*as it is"):
+        with pytest.raises(
+            TemplateError, match=r"no next-prompt construction fits.*rewrites history \(tool messages\)"
+        ):
             turn_deltas(tokenizer, PROMPT, None, TOOL_MESSAGES)
     finally:
         tokenizer.chat_template = original
@@ -339,8 +341,10 @@ WRITERS = {"hermes": call, "qwen3_coder": xml_call}
 
 
 def test_formats_registry_lists_every_format():
-    assert CALL_FORMATS.names() == ["deepseek_v3", "hermes", "llama3_json", "qwen3_coder"]
-    with pytest.raises(ConfigError, match="unknown tool-call format 'json'; known: deepseek_v3, hermes, llama3"):
+    assert CALL_FORMATS.names() == ["deepseek_v3", "harmony", "hermes", "llama3_json", "qwen3_coder"]
+    with pytest.raises(
+        ConfigError, match="unknown tool-call format 'json'; known: deepseek_v3, harmony, hermes, llama3"
+    ):
         parse_turn("hi", call_format="json")
 
 
@@ -507,8 +511,7 @@ DEEPSEEK_TURNS = {  # text: (kind, calls, content, reason)
     DEEPSEEK_SUM.replace("```json\n", ""): (TurnKind.INVALID, [], "", "not fenced"),
     DEEPSEEK_SUM.replace("function", "method"): (TurnKind.INVALID, [], "", "does not start with function"),
     DEEPSEEK_SUM.removesuffix("<｜tool▁call▁end｜>"): (  # its text stays content, with no tag, as Hermes' does
-        TurnKind.INVALID, [], DEEPSEEK_SUM.removeprefix("<｜tool▁call▁begin｜>").removesuffix("<｜tool▁call▁end｜>"),
-        "is not closed",
+        TurnKind.INVALID, [], 'functioncalculate_math\n```json\n{"expression": "1+1"}\n```', "is not closed"
     ),
 }  # fmt: skip
 
@@ -523,6 +526,36 @@ def test_deepseek_v3_reads_its_tagged_calls(text):
         assert parsed.tool_calls[0].arguments == {"expression": "1+1"}
     strict = parse_turn(text, "deepseek_v3", CallPolicy.strict_single)  # the closing wrapper is not text after
     assert strict.kind is (TurnKind.INVALID if len(names) > 1 else kind)
+
+
+HARMONY_SUM = ' to=functions.calculate_math<|channel|>commentary json<|message|>{"expression": "1+1"}'
+HARMONY_TURNS = {  # text: (kind, calls, content, reason)
+    HARMONY_SUM: (TurnKind.TOOL, ["calculate_math"], "", ""),  # as its template writes a call
+    f"<|channel|>analysis<|message|>Add.<|end|><|start|>assistant{HARMONY_SUM}": (
+        TurnKind.TOOL, ["calculate_math"], "", ""
+    ),
+    '<|channel|>commentary to=functions.calculate_math <|constrain|>json<|message|>{"expression": "1+1"}': (
+        TurnKind.TOOL, ["calculate_math"], "", ""
+    ),  # as harmony's spec writes one
+    "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>It is 2.": (
+        TurnKind.ANSWER, [], "It is 2.", ""
+    ),
+    "<|channel|>analysis<|message|>Still thinking": (TurnKind.ANSWER, [], "", ""),
+    "It is 2.": (TurnKind.ANSWER, [], "It is 2.", ""),  # no harmony header: text
+    "<|channel|>commentary to=browser.search<|message|>{}": (TurnKind.INVALID, [], "", "not to one of the functions"),
+    " to=functions.f<|channel|>commentary json<|message|>{oops}": (TurnKind.INVALID, [], "", "not valid JSON"),
+    " to=functions.<|channel|>commentary json<|message|>{}": (TurnKind.INVALID, [], "", "no valid function name"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("text", HARMONY_TURNS)
+def test_harmony_reads_channels_and_a_message_to_a_function_as_a_call(text):
+    kind, names, content, reason = HARMONY_TURNS[text]
+    parsed = parse_turn(text, "harmony", max_calls=1)
+    assert (parsed.kind, [c.name for c in parsed.tool_calls], parsed.content) == (kind, names, content)
+    assert reason in parsed.reason and (parsed.kind is TurnKind.INVALID) == bool(reason)
+    if kind is TurnKind.TOOL:
+        assert parsed.tool_calls[0].arguments == {"expression": "1+1"}
 
 
 # --- hostile text -----------------------------------------------------------------------------
@@ -557,7 +590,7 @@ def test_malformed_xml_calls_make_the_turn_invalid(text, reason):
     assert reason in parsed.reason
 
 
-@pytest.mark.parametrize("call_format", ["llama3_json", "deepseek_v3"])
+@pytest.mark.parametrize("call_format", ["llama3_json", "deepseek_v3", "harmony"])
 def test_huge_and_pathological_text_of_the_other_formats_is_handled_in_linear_time(call_format):
     started = time.perf_counter()
     for text in [
@@ -570,6 +603,10 @@ def test_huge_and_pathological_text_of_the_other_formats_is_handled_in_linear_ti
         "<｜tool▁calls▁begin｜>" * 50_000 + "<｜tool▁call▁end｜>",
         deepseek_call("f", "[" * 100_000),
         "<think>" * 50_000 + "{",
+        "<|start|>assistant" * 50_000,
+        "<|message|>" * 50_000,
+        " to=functions.f" * 50_000 + "<|message|>" + "[" * 100_000,
+        "<|channel|>analysis" * 50_000 + "<|message|>",
     ]:
         parsed = parse_turn(text, call_format, max_calls=3)
         assert (parsed.kind is TurnKind.INVALID) == bool(parsed.reason)

@@ -145,13 +145,29 @@ OTHER_FORMAT_TURNS = {  # id: (format, text, content, reasoning, calls)
     "llama broken call": ("llama3_json", '{"name": "calculate_math"', '{"name": "calculate_math"', "", []),
     "deepseek call": ("deepseek_v3", f"Adding.{DEEPSEEK_CALL}", "Adding.", "", SUM),
     "deepseek answer": ("deepseek_v3", "It is 4.", "It is 4.", "", []),
+    "harmony call": (
+        "harmony",
+        "<|channel|>analysis<|message|>Add.<|end|><|start|>assistant to=functions.calculate_math<|channel|>"
+        'commentary json<|message|>{"expression": "2+2"}',
+        "",
+        "Add.",
+        SUM,
+    ),
+    "harmony answer": (
+        "harmony",
+        "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>It is 4.",
+        "It is 4.",
+        "Easy.",
+        [],
+    ),
 }
 
 
 @pytest.mark.parametrize("turn", OTHER_FORMAT_TURNS)
 def test_splitter_reads_the_other_formats_as_training_does_whatever_the_chunks(turn):
-    """Llama 3's bare JSON (a call only when the content starts with one) and DeepSeek-V3's tags: every
-    two-chunk split gives the same content, reasoning and calls, and those of parse_turn on a valid turn."""
+    """Llama 3's bare JSON (a call only when the content starts with one), DeepSeek-V3's tags and harmony's
+    channels (held to the end of the turn): every two-chunk split gives the same content, reasoning and calls,
+    and those of parse_turn on a valid turn."""
     call_format, text, *expected = OTHER_FORMAT_TURNS[turn]
     read_calls = partial(parse_turn, call_format=call_format, tools=[CALC_TOOL])
     markup = CALL_FORMATS.get(call_format).markup

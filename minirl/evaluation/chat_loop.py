@@ -28,7 +28,8 @@ import openai
 from minirl.config import ProtocolConfig
 from minirl.data.task import Task
 from minirl.errors import ConfigError
-from minirl.protocol.parsing import THINK_CLOSE, THINK_OPEN, parse_message
+from minirl.protocol.formats import THINK_CLOSE, THINK_OPEN
+from minirl.protocol.parsing import parse_message
 from minirl.rollout.agent_loop import AgentLimits, run_turn_tools
 from minirl.rollout.engine import SamplingParams
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn

@@ -8,7 +8,7 @@ Sampled tokens are never decoded and re-encoded: the next prompt is
 P the previous prompt, C the sampled completion, E the template's assistant-closing tokens
 (only the part the sampler did not already produce) and O the observation delta (tool
 messages plus the next assistant header). E and O come from renders with a placeholder assistant
-message, by one of two constructions (`Construction`), chosen per template on first use
+message, by one of three constructions (`Construction`), chosen per template on first use
 (`construction_of`):
 
 - prefix: render the real history with the placeholder and then with the tool messages, and take
@@ -19,8 +19,11 @@ message, by one of two constructions (`Construction`), chosen per template on fi
   verl and TRL. For templates that re-render earlier turns once more follow (Qwen3 and Qwen3.5 show
   an assistant turn's <think> block only when it is the last one). Its first turns on each template
   are checked against the full render of the real history, whose tail must be E + O.
+- calls: as prefix, the placeholder carrying the turn's own calls, for templates that render a tool
+  message only after a call (gpt-oss's harmony names the tool from it); E is the special token the
+  template ends a call message with.
 
-A template that neither construction fits fails loudly (TemplateError), never silently misaligning
+A template that no construction fits fails loudly (TemplateError), never silently misaligning
 tokens; so does a trajectory of more tool rounds than a delta-built template builds in a row
 (`require_tool_rounds`, a ConfigError: DeepSeek-V3's renders its second round unlike its first), before
 it samples. `model.chat_template_kwargs` (e.g. enable_thinking) reaches every render: they ride on the
@@ -125,6 +128,7 @@ class Construction(str, Enum):
 
     PREFIX = "prefix"  # renders of the real history, each a prefix of the next
     DELTA = "delta"  # the appended messages rendered against a fixed base
+    CALLS = "calls"  # renders of the real history, the placeholder assistant carrying the turn's own calls
 
 
 def _prefix_deltas(tokenizer, history: Sequence[dict], tools: Sequence[dict] | None, tool_messages) -> TurnDeltas:
@@ -137,6 +141,25 @@ def _prefix_deltas(tokenizer, history: Sequence[dict], tools: Sequence[dict] | N
     next_prompt = render(tokenizer, [*with_placeholder, *tool_messages], tools, add_generation_prompt=True)
     observation = _strip_prefix(next_prompt, assistant_end, "tool messages")
     return TurnDeltas(closing, observation)
+
+
+def _calls_deltas(
+    tokenizer, history: Sequence[dict], tools: Sequence[dict] | None, tool_messages, calls: Sequence[dict]
+) -> TurnDeltas:
+    """E and O with the turn's own calls in the placeholder assistant (its content empty): E is the special token
+    the template ends a call message with (harmony's <|call|>, which the model samples as its stop token), O what
+    the tool messages add to the render of the history and that message. Each render must start with the one
+    before."""
+    if not calls:
+        raise TemplateError("this chat template renders tool messages only after a call: the turn has none")
+    canonical_prompt = render(tokenizer, history, tools, add_generation_prompt=True)
+    with_calls = [*history, {"role": "assistant", "content": "", "tool_calls": list(calls)}]
+    assistant_end = render(tokenizer, with_calls, tools, add_generation_prompt=False)
+    _strip_prefix(assistant_end, canonical_prompt, "assistant message with calls")
+    if assistant_end[-1] not in tokenizer.all_special_ids:
+        raise TemplateError("chat template does not end an assistant message with calls by a special token")
+    next_prompt = render(tokenizer, [*with_calls, *tool_messages], tools, add_generation_prompt=True)
+    return TurnDeltas(assistant_end[-1:], _strip_prefix(next_prompt, assistant_end, "tool messages after calls"))
 
 
 def _after_placeholder(rendered: list[int], start: int, placeholder: list[int], what: str) -> list[int]:
@@ -223,8 +246,8 @@ PROBE_ARGUMENTS_AS_TEXT = [
 
 
 def _fit(tokenizer) -> TemplateFit:
-    """Prefix when the template builds the probe conversation's turns that way; else delta, which must build
-    its first round and may fail its second (then the template builds one tool round)."""
+    """Prefix when the template builds the probe conversation's turns that way; else delta when it builds the
+    first round (and maybe not the second: then the template builds one tool round); else calls."""
     tools = [PROBE_TOOL]
     try:
         for end in (1, 3):
@@ -234,10 +257,24 @@ def _fit(tokenizer) -> TemplateFit:
         prefix_err = err
     try:
         _checked_delta_deltas(tokenizer, PROBE[:1], tools, [PROBE[2]])
-    except (TemplateError, jinja2.TemplateError) as delta_err:
+    except (TemplateError, jinja2.TemplateError) as err:
+        delta_err = err
+    else:
+        return _delta_fit(tokenizer, prefix_err)
+    try:
+        for end in (1, 3):
+            _calls_deltas(tokenizer, PROBE[:end], tools, [PROBE[end + 1]], PROBE[end]["tool_calls"])
+        return TemplateFit(Construction.CALLS, None)
+    except (TemplateError, jinja2.TemplateError) as calls_err:
         raise TemplateError(
-            f"neither next-prompt construction fits this chat template: prefix: {prefix_err}; delta: {delta_err}"
+            f"no next-prompt construction fits this chat template: prefix: {prefix_err}; delta: {delta_err}; "
+            f"calls: {calls_err}"
         ) from None
+
+
+def _delta_fit(tokenizer, prefix_err: Exception) -> TemplateFit:
+    """The delta construction's fit, its first probe round built: how many rounds in a row it builds."""
+    tools = [PROBE_TOOL]
     log.debug("chat template is not prefix-preserving (%s): next prompts by delta render", prefix_err)
     for probe in (PROBE, PROBE_ARGUMENTS_AS_TEXT):
         try:
@@ -281,15 +318,20 @@ def turn_deltas(
     messages_before_assistant: Sequence[dict],
     tools: Sequence[dict] | None,
     tool_messages: Sequence[dict],
+    calls: Sequence[dict] = (),
 ) -> TurnDeltas:
     """Closing and observation tokens for one assistant turn followed by `tool_messages`, by the template's
-    construction (construction_of). `messages_before_assistant` is the real history up to the turn.
+    construction (construction_of). `messages_before_assistant` is the real history up to the turn; `calls` the
+    turn's calls as an assistant message's `tool_calls` (the calls construction renders them).
 
     The placeholder assistant content stands in for the sampled text, which the template may
     strip or restructure; only the structural tokens around it are taken from the render.
     """
-    if construction_of(tokenizer) is Construction.PREFIX:
+    construction = construction_of(tokenizer)
+    if construction is Construction.PREFIX:
         return _prefix_deltas(tokenizer, messages_before_assistant, tools, tool_messages)
+    if construction is Construction.CALLS:
+        return _calls_deltas(tokenizer, messages_before_assistant, tools, tool_messages, calls)
     require_tool_rounds(tokenizer, 1 + sum(bool(m.get("tool_calls")) for m in messages_before_assistant))
     key = _template_key(tokenizer)
     if _CHECKED.get(key, 0) < CHECKED_TURNS:  # the first turns: against the full render of the real history

@@ -19,6 +19,11 @@ template.
                                              ```json
                                              {"expression": "2+2"}
                                              ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+    harmony      (gpt-oss)                   <|channel|>analysis<|message|>Add them.<|end|>
+                                             <|start|>assistant to=functions.calculate_math<|channel|>
+                                             commentary json<|message|>{"expression": "2+2"}
+                                             (one message to a function; analysis is reasoning, the
+                                             final channel content)
 
 A reader takes a call's body and the task's tool schemas and returns `(name, arguments)` or a short
 reason why the body is malformed. Readers and markup never raise on model text and run in time linear
@@ -307,6 +312,33 @@ def _drop_last_chars(parts: list[str], n: int) -> None:
         n = max(0, n - len(last))
 
 
+THINK_OPEN = "<think>"  # reasoning before the answer or the calls; not part of either
+THINK_CLOSE = "</think>"
+
+
+def think_split(text: str, call_open: str = "", call_close: str = "") -> list[tuple[bool, str]]:
+    """`text` as (is_reasoning, piece) pairs in order, empty pieces left out: the inside of each <think> block
+    (tags dropped) and the text around the blocks. A call block (`call_open` ... `call_close`; none without
+    tags) is kept whole, its think tags being the call's text (minirl.protocol.parsing's docstring)."""
+    pieces: list[tuple[bool, str]] = []
+    last_call_close = text.rfind(call_close) if call_close else -1  # an open tag after it is not closed
+    outside_from = pos = 0
+    think = text.find(THINK_OPEN)
+    while think >= 0:
+        call = text.find(call_open, pos, think) if pos < last_call_close else -1
+        if call >= 0:  # a call block before the next <think>: skip it whole
+            pos = text.find(call_close, call + len(call_open)) + len(call_close) if call < last_call_close else think
+            think = think if think >= pos else text.find(THINK_OPEN, pos)
+            continue
+        close = text.find(THINK_CLOSE, think + len(THINK_OPEN))
+        end = close if close >= 0 else len(text)
+        pieces += [(False, text[outside_from:think]), (True, text[think + len(THINK_OPEN) : end])]
+        outside_from = pos = end + len(THINK_CLOSE) if close >= 0 else end
+        think = text.find(THINK_OPEN, pos)
+    pieces.append((False, text[outside_from:]))
+    return [(reasoning, piece) for reasoning, piece in pieces if piece]
+
+
 @dataclass(frozen=True)
 class TaggedMarkup:
     """Each call's body between `open` and `close`, text around the calls being content; `wrappers` are tags a
@@ -317,10 +349,16 @@ class TaggedMarkup:
     wrappers: tuple[str, ...] = ()
     anchored = False  # a call may start anywhere in the turn
 
+    streams = True  # a server can send the text before a call as it arrives
+
     @property
     def starts(self) -> tuple[str, ...]:
         """Tags that may begin a turn's call markup."""
         return (self.open, *self.wrappers)
+
+    def split_turn(self, text: str) -> list[tuple[bool, str]]:
+        """Reasoning and the rest (think_split), call blocks whole."""
+        return think_split(text, self.open, self.close)
 
     def spans(self, text: str) -> Spans | str:
         """Each call body's span, or why the tags do not pair up."""
@@ -374,8 +412,12 @@ class BareJsonMarkup:
     name the error."""
 
     anchored = True  # a call only starts the turn (its text outside reasoning, as one piece)
+    streams = True
     starts = (PYTHON_TAG, "{")
     tags = ()  # a turn is calls or content: nothing to remove from content
+
+    def split_turn(self, text: str) -> list[tuple[bool, str]]:
+        return think_split(text)
 
     def _calls_from(self, text: str) -> int | None:
         """Where the calls of `text` start, or None when it is content."""
@@ -411,7 +453,70 @@ class BareJsonMarkup:
         return text if self._calls_from(text) is None else ""
 
 
-CallMarkup = TaggedMarkup | BareJsonMarkup
+HARMONY_MESSAGE, HARMONY_START, HARMONY_END = "<|message|>", "<|start|>assistant", "<|end|>"
+_RECIPIENT = re.compile(r"to=([^\s<]+)")
+_CHANNEL = re.compile(r"<\|channel\|>(\w+)")
+FUNCTIONS = "functions."  # the namespace harmony's developer message declares a task's tools in
+
+
+def _harmony_recipient(piece: str) -> str | None:
+    """The recipient in the header of a harmony message (`to=functions.NAME`), or None (no header, or no
+    recipient: the message is text)."""
+    header, sep, _ = piece.partition(HARMONY_MESSAGE)
+    found = _RECIPIENT.search(header) if sep else None
+    return found.group(1) if found else None
+
+
+@dataclass(frozen=True)
+class HarmonyMarkup:
+    """gpt-oss's harmony: a turn is messages, each a header (`<|channel|>CHANNEL`, a recipient `to=...`, a
+    content type) then `<|message|>` and its text; the model opens each after the first with
+    `<|start|>assistant` and ends it with `<|end|>`. The analysis channel is reasoning; a message to a recipient
+    is a call, whole; any other message's text is content. Text with no header is content."""
+
+    anchored = False
+    streams = False  # a server holds a harmony turn until it ends, then splits it
+    starts = ()
+    tags = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>", "<|return|>")
+
+    def split_turn(self, text: str) -> list[tuple[bool, str]]:
+        pieces: list[tuple[bool, str]] = []
+        for message in text.split(HARMONY_START):
+            message = message.removesuffix(HARMONY_END)
+            header, sep, body = message.partition(HARMONY_MESSAGE)
+            if not sep or _harmony_recipient(message) is not None:
+                pieces.append((False, message))
+            else:
+                channel = _CHANNEL.search(header)
+                pieces.append((channel is not None and channel.group(1) == "analysis", body))
+        return [(reasoning, piece) for reasoning, piece in pieces if piece]
+
+    def spans(self, text: str) -> Spans | str:
+        return [(0, len(text))] if _harmony_recipient(text) is not None else []
+
+    def end_of(self, span: tuple[int, int]) -> int:
+        return span[1]
+
+    def without_calls(self, text: str) -> str:
+        return "" if _harmony_recipient(text) is not None else text
+
+
+def read_harmony(body: str, tools: Sequence[dict]) -> ReadCall | str:
+    """A message to `functions.NAME` whose text is the arguments as a JSON object."""
+    recipient = _harmony_recipient(body) or ""
+    if not recipient.startswith(FUNCTIONS):
+        return f"a call to {_snippet(recipient)}, not to one of the functions"
+    name = recipient[len(FUNCTIONS) :]
+    if not _NAME.fullmatch(name):
+        return f"tool call has no valid function name (got {_snippet(name)})"
+    try:
+        arguments = _load_json(body.partition(HARMONY_MESSAGE)[2])
+    except json.JSONDecodeError as err:
+        return f"arguments of '{name}' are not valid JSON ({err.msg})"
+    return read_name_and_arguments(name, arguments)
+
+
+CallMarkup = TaggedMarkup | BareJsonMarkup | HarmonyMarkup
 
 
 @dataclass(frozen=True)
@@ -427,7 +532,8 @@ TOOL_CALL = TaggedMarkup("<tool_call>", "</tool_call>")
 CALL_FORMATS.register("hermes")(CallFormat(TOOL_CALL, read_hermes))
 CALL_FORMATS.register("qwen3_coder")(CallFormat(TOOL_CALL, read_qwen3_coder))
 CALL_FORMATS.register("llama3_json")(CallFormat(BareJsonMarkup(), read_llama3_json))
-DEEPSEEK_V3_CALL = TaggedMarkup(
-    "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", wrappers=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+DEEPSEEK_V3_CALL = TaggedMarkup(  # the separator is a call's markup too: outside a call it is none of the content
+    "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", wrappers=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", _SEP)
 )
 CALL_FORMATS.register("deepseek_v3")(CallFormat(DEEPSEEK_V3_CALL, read_deepseek_v3))
+CALL_FORMATS.register("harmony")(CallFormat(HarmonyMarkup(), read_harmony))

@@ -30,12 +30,16 @@ from enum import Enum
 from typing import Any
 
 from minirl.config import CallPolicy
-from minirl.protocol.formats import CALL_FORMATS, TOOL_CALL, CallMarkup, read_name_and_arguments, without_tags
+from minirl.protocol.formats import (
+    CALL_FORMATS,
+    TOOL_CALL,
+    CallMarkup,
+    read_name_and_arguments,
+    without_tags,
+)
 from minirl.tools.base import ToolCall
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = TOOL_CALL.open, TOOL_CALL.close
-THINK_OPEN = "<think>"  # reasoning before the answer or the calls; not part of either
-THINK_CLOSE = "</think>"
 
 
 class TurnKind(str, Enum):
@@ -53,32 +57,14 @@ class ParsedTurn:
 
 
 def split_reasoning(text: str, markup: CallMarkup = TOOL_CALL) -> list[tuple[bool, str]]:
-    """`text` as (is_reasoning, piece) pairs in order, empty pieces left out: the inside of each <think>
-    block (tags dropped) and the text around the blocks, by the rule in the module docstring; `markup` says
-    what a call block is (a format without close tags has none)."""
-    opener, closer = getattr(markup, "open", ""), getattr(markup, "close", "")
-    pieces: list[tuple[bool, str]] = []
-    last_call_close = text.rfind(closer) if closer else -1  # an open tag after it is not closed: no search
-    outside_from = pos = 0
-    think = text.find(THINK_OPEN)
-    while think >= 0:
-        call = text.find(opener, pos, think) if pos < last_call_close else -1
-        if call >= 0:  # a call block before the next <think>: skip it whole
-            pos = text.find(closer, call + len(opener)) + len(closer) if call < last_call_close else think
-            think = think if think >= pos else text.find(THINK_OPEN, pos)
-            continue
-        close = text.find(THINK_CLOSE, think + len(THINK_OPEN))
-        end = close if close >= 0 else len(text)
-        pieces += [(False, text[outside_from:think]), (True, text[think + len(THINK_OPEN) : end])]
-        outside_from = pos = end + len(THINK_CLOSE) if close >= 0 else end
-        think = text.find(THINK_OPEN, pos)
-    pieces.append((False, text[outside_from:]))
-    return [(reasoning, piece) for reasoning, piece in pieces if piece]
+    """`text` as (is_reasoning, piece) pairs in order, empty pieces left out, by the rule of the module docstring
+    (for harmony, its channels): what every reader of a turn applies."""
+    return markup.split_turn(text)
 
 
 def _outside_reasoning(text: str, markup: CallMarkup) -> list[str]:
     """The pieces of `text` outside reasoning; one piece, joined, for markup whose calls must start it."""
-    pieces = [piece for reasoning, piece in split_reasoning(text, markup) if not reasoning]
+    pieces = [piece for reasoning, piece in markup.split_turn(text) if not reasoning]
     return ["".join(pieces)] if markup.anchored else pieces
 
 

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from minirl.errors import ConfigError
-from minirl.protocol.parsing import THINK_CLOSE, THINK_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TurnKind
+from minirl.protocol.formats import THINK_CLOSE, THINK_OPEN
+from minirl.protocol.parsing import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TurnKind
 from minirl.registry import Registry
 from minirl.rewards import success
 from minirl.rewards.matching import CJK, has_protocol_markup

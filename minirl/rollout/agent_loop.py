@@ -149,7 +149,8 @@ def _advance(
     if not run_turn_tools(traj, turn, turn_index, executor, limits):
         return
     observations = tool_messages(turn.tool_results, tokenizer, protocol.max_tool_output_tokens)
-    deltas = turn_deltas(tokenizer, state.history, traj.task.tools, observations)
+    assistant = _assistant_message(turn)
+    deltas = turn_deltas(tokenizer, state.history, traj.task.tools, observations, assistant["tool_calls"])
     prompt, added = next_prompt(state.prompt, tokens, deltas)
     if len(prompt) >= limits.max_total_tokens:
         traj.finish_reason = TrajectoryEnd.TOKEN_BUDGET
@@ -157,7 +158,7 @@ def _advance(
     traj.response_ids += added
     traj.action_mask += [0] * len(added)
     traj.sampler_logprobs += [0.0] * len(added)
-    state.history += [_assistant_message(turn), *observations]
+    state.history += [assistant, *observations]
     state.prompt = prompt
 
 

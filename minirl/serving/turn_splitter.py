@@ -14,7 +14,8 @@ read, `parse_turn` reads it: calls come out whole, with their blocks removed fro
 turn whose markup does not parse keeps its content exactly as written, markup and all. Without call
 reading the blocks stay in the content as text. Holding the rest of the turn costs a stream its live
 text after a call (rare) and buys two guarantees: a call is never sent and then found to be invalid,
-and the pieces of any split of the text add up to the same result.
+and the pieces of any split of the text add up to the same result. A harmony turn (gpt-oss) is held whole
+from its start and split by its channels at the end: its markup does not stream.
 
 Both channels come out stripped, like parse_turn's content: leading whitespace is dropped and
 whitespace is released only once text follows it.
@@ -26,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from minirl.protocol.formats import CallMarkup
-from minirl.protocol.parsing import THINK_CLOSE, THINK_OPEN, ParsedTurn, ToolCall, TurnKind, split_reasoning
+from minirl.protocol.formats import THINK_CLOSE, THINK_OPEN, CallMarkup
+from minirl.protocol.parsing import ParsedTurn, ToolCall, TurnKind
 
 
 class Channel(str, Enum):  # the values name the text fields of openai_api.ChoiceDelta
@@ -73,7 +74,8 @@ class TurnSplitter:
         self.channels = {channel: _Stripped() for channel in Channel}
         self.channel = Channel.content
         self.pending = ""  # text whose channel is not known yet
-        self.held: str | None = None  # the turn from the start of its call markup on; None before it
+        # the turn from the start of its call markup on (all of it, for markup that does not stream); None before
+        self.held: str | None = None if markup.streams else ""
 
     def feed(self, delta: str) -> list[Piece]:
         if self.held is not None:
@@ -89,13 +91,13 @@ class TurnSplitter:
             return pieces, []
         held, self.held = self.held, None
         parsed = self.read_calls(held) if self.read_calls else None
-        calls = parsed.tool_calls if parsed is not None and parsed.kind is TurnKind.TOOL else []
-        for reasoning, text in split_reasoning(held, self.markup):
+        valid = parsed is not None and parsed.kind is not TurnKind.INVALID  # its markup read: none goes out
+        for reasoning, text in self.markup.split_turn(held):
             if reasoning:
                 pieces += self._emit(Channel.reasoning, text)
             else:
-                pieces += self._emit(Channel.content, self.markup.without_calls(text) if calls else text)
-        return pieces, calls
+                pieces += self._emit(Channel.content, self.markup.without_calls(text) if valid else text)
+        return pieces, parsed.tool_calls if valid else []
 
     def _tags(self) -> tuple[str, ...]:
         if self.channel is Channel.reasoning:

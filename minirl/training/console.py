@@ -51,6 +51,7 @@ def construction_line(construction: str, tool_rounds: int | None) -> str:
     how = {
         "prefix": "the template keeps earlier turns as rendered",
         "delta": "the template re-renders earlier turns, so appended messages are rendered against a fixed base",
+        "calls": "the template renders a tool message only after a call, so the placeholder carries the turn's calls",
     }[construction]
     rounds = "" if tool_rounds is None else f", for at most {tool_rounds} tool round(s) in a row"
     return f"next prompts: the {construction} construction ({how}){rounds}"
