@@ -348,7 +348,6 @@ class TaggedMarkup:
     close: str
     wrappers: tuple[str, ...] = ()
     anchored = False  # a call may start anywhere in the turn
-
     streams = True  # a server can send the text before a call as it arrives
 
     @property
@@ -408,8 +407,8 @@ PYTHON_TAG = "<|python_tag|>"
 class BareJsonMarkup:
     """Calls as JSON objects with no tags (Llama 3): a turn whose text, stripped and after an optional
     `<|python_tag|>`, starts with "{" is its calls, separated by ";" or a line break and nothing else; any
-    other turn is content. A call's span is one JSON value; text that is not JSON spans to the end, for the reader to
-    name the error."""
+    other turn is content. A call's span is one JSON value; text that is not JSON spans to the end, for the
+    reader to name the error."""
 
     anchored = True  # a call only starts the turn (its text outside reasoning, as one piece)
     streams = True
@@ -423,8 +422,7 @@ class BareJsonMarkup:
         """Where the calls of `text` start, or None when it is content."""
         start = len(text) - len(text.lstrip())
         if text.startswith(PYTHON_TAG, start):
-            start = _SPACE.match(text, start + len(PYTHON_TAG)).end()
-            return start
+            return _SPACE.match(text, start + len(PYTHON_TAG)).end()
         return start if text.startswith("{", start) else None
 
     def spans(self, text: str) -> Spans | str:
