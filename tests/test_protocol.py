@@ -487,14 +487,6 @@ LLAMA_TURNS = {  # text: (kind, calls, content, reason)
 }
 
 
-@pytest.mark.parametrize("text", LLAMA_TURNS)
-def test_llama3_json_reads_a_turn_that_starts_with_json_as_its_calls(text):
-    kind, names, content, reason = LLAMA_TURNS[text]
-    parsed = parse_turn(text, "llama3_json", max_calls=4)
-    assert (parsed.kind, [c.name for c in parsed.tool_calls], parsed.content) == (kind, names, content)
-    assert reason in parsed.reason and (parsed.kind is TurnKind.INVALID) == bool(reason)
-
-
 def deepseek_call(name: str, arguments: str) -> str:
     return f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{arguments}\n```<｜tool▁call▁end｜>"
 
@@ -514,18 +506,6 @@ DEEPSEEK_TURNS = {  # text: (kind, calls, content, reason)
         TurnKind.INVALID, [], 'functioncalculate_math\n```json\n{"expression": "1+1"}\n```', "is not closed"
     ),
 }  # fmt: skip
-
-
-@pytest.mark.parametrize("text", DEEPSEEK_TURNS)
-def test_deepseek_v3_reads_its_tagged_calls(text):
-    kind, names, content, reason = DEEPSEEK_TURNS[text]
-    parsed = parse_turn(text, "deepseek_v3", max_calls=4)
-    assert (parsed.kind, [c.name for c in parsed.tool_calls], parsed.content) == (kind, names, content)
-    assert reason in parsed.reason and (parsed.kind is TurnKind.INVALID) == bool(reason)
-    if kind is TurnKind.TOOL:
-        assert parsed.tool_calls[0].arguments == {"expression": "1+1"}
-    strict = parse_turn(text, "deepseek_v3", CallPolicy.strict_single)  # the closing wrapper is not text after
-    assert strict.kind is (TurnKind.INVALID if len(names) > 1 else kind)
 
 
 HARMONY_SUM = ' to=functions.calculate_math<|channel|>commentary json<|message|>{"expression": "1+1"}'
@@ -548,14 +528,24 @@ HARMONY_TURNS = {  # text: (kind, calls, content, reason)
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("text", HARMONY_TURNS)
-def test_harmony_reads_channels_and_a_message_to_a_function_as_a_call(text):
-    kind, names, content, reason = HARMONY_TURNS[text]
-    parsed = parse_turn(text, "harmony", max_calls=1)
+# Llama 3: a turn that starts with JSON is its calls; DeepSeek-V3: its tagged calls; harmony: its channels, a
+# message to a function being the call
+OTHER_FORMAT_TURNS = {"llama3_json": LLAMA_TURNS, "deepseek_v3": DEEPSEEK_TURNS, "harmony": HARMONY_TURNS}
+
+
+@pytest.mark.parametrize(
+    ("call_format", "text"), [(f, text) for f, turns in OTHER_FORMAT_TURNS.items() for text in turns]
+)
+def test_the_other_formats_read_their_turns(call_format, text):
+    kind, names, content, reason = OTHER_FORMAT_TURNS[call_format][text]
+    parsed = parse_turn(text, call_format, max_calls=4)
     assert (parsed.kind, [c.name for c in parsed.tool_calls], parsed.content) == (kind, names, content)
     assert reason in parsed.reason and (parsed.kind is TurnKind.INVALID) == bool(reason)
-    if kind is TurnKind.TOOL:
+    if call_format != "llama3_json" and kind is TurnKind.TOOL:
         assert parsed.tool_calls[0].arguments == {"expression": "1+1"}
+    if call_format == "deepseek_v3":  # the closing wrapper is not text after the call
+        strict = parse_turn(text, call_format, CallPolicy.strict_single)
+        assert strict.kind is (TurnKind.INVALID if len(names) > 1 else kind)
 
 
 # --- hostile text -----------------------------------------------------------------------------

@@ -95,16 +95,20 @@ def lone_surrogate_at(value: Any, where: str = "") -> str | None:
     return None
 
 
-def read_hermes(body: str, tools: Sequence[dict]) -> ReadCall | str:
-    """A JSON object with a string `name` and `arguments` given as an object or as a JSON string
-    holding one (missing or empty = no arguments). `tools` is not needed: JSON carries types."""
+def _json_object(body: str) -> dict | str:
+    """`body` read as a JSON object, or why it is not one."""
     try:
         obj = _load_json(body)
     except json.JSONDecodeError as err:
         return f"tool call is not valid JSON ({err.msg})"
-    if not isinstance(obj, dict):
-        return "tool call must be a JSON object"
-    return read_name_and_arguments(obj.get("name"), obj.get("arguments", {}))
+    return obj if isinstance(obj, dict) else "tool call must be a JSON object"
+
+
+def read_hermes(body: str, tools: Sequence[dict]) -> ReadCall | str:
+    """A JSON object with a string `name` and `arguments` given as an object or as a JSON string
+    holding one (missing or empty = no arguments). `tools` is not needed: JSON carries types."""
+    obj = _json_object(body)
+    return obj if isinstance(obj, str) else read_name_and_arguments(obj.get("name"), obj.get("arguments", {}))
 
 
 def read_name_and_arguments(name: Any, arguments: Any) -> ReadCall | str:
@@ -268,12 +272,9 @@ def read_deepseek_v3(body: str, tools: Sequence[dict]) -> ReadCall | str:
 def read_llama3_json(body: str, tools: Sequence[dict]) -> ReadCall | str:
     """A JSON object with a string `name` and its arguments as `parameters` (what the Llama 3 templates
     write) or `arguments`, an object or a JSON string holding one."""
-    try:
-        obj = _load_json(body)
-    except json.JSONDecodeError as err:
-        return f"tool call is not valid JSON ({err.msg})"
-    if not isinstance(obj, dict):
-        return "tool call must be a JSON object"
+    obj = _json_object(body)
+    if isinstance(obj, str):
+        return obj
     if "parameters" in obj and "arguments" in obj:
         return "tool call gives both 'parameters' and 'arguments'"
     return read_name_and_arguments(obj.get("name"), obj.get("parameters", obj.get("arguments", {})))
