@@ -70,7 +70,7 @@ def run_agent(
     how calls are read (format, call policy) and how many tokens of each tool result the model sees. A task
     whose first prompt alone fills limits.max_total_tokens samples nothing: its trajectories end at once
     (TOKEN_BUDGET, no response tokens). A chat template that cannot build limits.max_turns - 1 tool rounds in a
-    row raises TemplateError before anything is sampled (require_tool_rounds)."""
+    row raises ConfigError before anything is sampled (require_tool_rounds)."""
     require_tool_rounds(tokenizer, limits.max_turns - 1)
     live: list[_Live] = []
     for index, task in enumerate(tasks):
