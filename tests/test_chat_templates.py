@@ -2,10 +2,11 @@
 under a tokenizer that has the template's special tokens as single tokens (support.template_tokenizer), with
 Qwen3's and Qwen3.5's thinking on and off (model.chat_template_kwargs).
 
-Per template: which construction it needs (prefix or delta), three tool turns built token-in/token-out (the
-model's turns are what the template itself renders for them), the same three turns through the real agent loop
-with real tools where minirl reads the template's call format, and the calls the template renders read back.
-Without the fixtures (a user's clone) every test here skips, saying so.
+Per template: which construction it needs (prefix, delta or calls) and for how many tool rounds in a row, the
+tool turns of a conversation built token-in/token-out (two rounds and the answer; one round where the template
+builds one), the model's turns being what the template itself renders for them, the same turns through the real
+agent loop with the real calculator, read by the template's call format, and the calls the template renders read
+back. Without the fixtures (a user's clone) every test here skips, saying so.
 """
 
 from __future__ import annotations
