@@ -71,14 +71,13 @@ import operator
 import random
 import re
 import unicodedata
-import warnings
 from collections.abc import Callable
 from fractions import Fraction
 from functools import lru_cache
 
 import mpmath
 
-from minirl.tools.safe_math import MathError, evaluate_exact
+from minirl.tools.safe_math import PARSE_ERRORS, MathError, evaluate_exact, parse_expression
 
 MAX_ANSWER_CHARS = 10_000  # longer answers equal nothing: no reference is that long
 MAX_EXPRESSION_CHARS = 400  # longer answers are compared as text only
@@ -555,10 +554,8 @@ class _LatexReader:
 
 def _parse(expression: str) -> ast.Expression:
     try:
-        with warnings.catch_warnings():  # "2v_x" warns "invalid decimal literal" before it fails
-            warnings.simplefilter("ignore", SyntaxWarning)
-            return ast.parse(expression, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
+        return parse_expression(expression)
+    except PARSE_ERRORS as err:
         raise MathError(f"not an expression: {expression!r}") from err
 
 

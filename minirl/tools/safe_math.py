@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import threading
 import warnings
 from collections.abc import Callable
 from decimal import Decimal
@@ -138,18 +139,29 @@ class _ExactEvaluator(_Evaluator):
         return base**exponent.numerator
 
 
+_PARSE_LOCK = threading.Lock()
+PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError)  # what parse_expression raises on bad text
+
+
+def parse_expression(text: str) -> ast.Expression:
+    """`ast.parse(text, mode="eval")`, one thread at a time, without the SyntaxWarnings the parser prints on
+    stderr for text like "204kg" ("invalid decimal literal") before it fails or yields a tree a whitelist
+    refuses. CPython before 3.13 keeps the AST constructor's recursion depth in interpreter-wide state, so two
+    threads parsing at once (the tool executor runs calls in threads) can fail with a spurious SystemError
+    "AST constructor recursion depth mismatch" (python/cpython#106905); warnings' filters are process-wide too."""
+    with _PARSE_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        return ast.parse(text, mode="eval")
+
+
 def _parse(expression: str, max_length: int) -> ast.Expression:
     if not isinstance(expression, str):
         raise MathError("the expression must be a string")
     if len(expression) > max_length:
         raise MathError(f"the expression is {len(expression)} characters long; the limit is {max_length}")
     try:
-        # the parser warns on stderr about text like "204kg" ("invalid decimal literal") before it fails or
-        # yields a tree the whitelist refuses; the caller gets the error, the console stays clean
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SyntaxWarning)
-            return ast.parse(expression.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
+        return parse_expression(expression.strip())
+    except PARSE_ERRORS as err:
         raise MathError(f"not a valid arithmetic expression: {expression!r}") from err
 
 
