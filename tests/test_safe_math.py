@@ -1,4 +1,5 @@
 import gc
+import math
 import operator
 import re
 import sys
@@ -95,6 +96,72 @@ def test_rejections(expression, fragment):
         evaluate(expression)
 
 
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("2^10", 1024),
+        ("2^3*2", 16),  # ^ is **, with its precedence: not 2 ** 6
+        ("2^3^2", 512),
+        ("256 × 37", 9472),
+        ("100 ÷ 4", 25.0),
+        ("3 − 1", 2),
+        ("（3+4）*2", 14),
+        ("math.sqrt(144)", 12.0),
+        ("math.sqrt(2^4) + math.fabs(-1)", 5.0),
+        ("math.log(8, 2)", 3.0),
+        ("math.log10(1000)", 3.0),
+        ("math.exp(0)", 1.0),
+        ("math.floor(7 / 2) + math.ceil(0.5)", 4),
+        ("math.factorial(5)", 120),
+        ("math.pow(2, 10)", 1024.0),
+        ("math.cos(0) * math.pi", math.pi),
+        ("math.e ** 0", 1.0),
+    ],
+)
+def test_minimind_rewrites_and_math_functions(expression, value):
+    """What MiniMind's calculator reads (its rewrites, its `math` namespace) means the same here."""
+    assert evaluate(expression) == value
+
+
+@pytest.mark.parametrize(
+    ("expression", "fragment"),
+    [
+        ("9^9^9", "exponent 387420489 exceeds the limit of 64"),
+        ("2^65", "exponent 65 exceeds"),
+        ("99^60", "more than 100 digits"),
+        ("math.pow(2, 10^10)", "exponent 10000000000 exceeds"),
+        ("math.factorial(70)", "more than 100 digits"),
+        ("math.factorial(10**50)", "more than 100 digits"),
+        ("math.factorial(2.5)", "non-negative integer"),
+        ("math.exp(1000)", "too large"),
+        ("math.exp(231)", "more than 100 digits"),
+        ("math.sqrt(-1)", "math.sqrt is undefined at -1"),
+        ("math.log(0)", "math.log is undefined at 0"),
+        ("math.sqrt(1, 2)", "math.sqrt: "),
+        ("math.sqrt(x=4)", "math.sqrt takes no keyword arguments"),
+        ("math.sqrt(*[4])", "Starred is not allowed"),
+        ("sqrt(4)", "Call is not allowed"),
+        ("math.system('ls')", "Call is not allowed"),
+        ("math.sqrt.__call__(4)", "Call is not allowed"),
+        ("math.__dict__", "Attribute is not allowed"),
+        ("math.sqrt", "Attribute is not allowed"),
+        ("math", "Name is not allowed"),
+        ("(math).pi.real", "Attribute is not allowed"),
+    ],
+)
+def test_minimind_rewrites_stay_inside_the_whitelist_and_limits(expression, fragment):
+    started = time.perf_counter()
+    with pytest.raises(MathError, match=re.escape(fragment)):
+        evaluate(expression)
+    assert time.perf_counter() - started < 0.1
+
+
+def test_rewrites_count_towards_the_length_limit_as_written():
+    assert evaluate("2^1", max_length=3) == 2  # 3 characters as written, 4 as "2**1"
+    with pytest.raises(MathError, match="4 characters long; the limit is 3"):
+        evaluate("2 ^1", max_length=3)
+
+
 def test_non_string_is_rejected():
     with pytest.raises(MathError, match="must be a string"):
         evaluate(12)  # type: ignore[arg-type]
@@ -173,6 +240,8 @@ def test_format_number(value, text):
         (".5", Fraction(1, 2)),
         ("0.10000000000000000001", Fraction(10**19 + 1, 10**20)),  # not the float 0.1
         ("-7 % 3", Fraction(2)),
+        ("0.5^2 × 4 − 0.1", Fraction(9, 10)),  # MiniMind's rewrites, with exact decimals after the longer "**"
+        ("math.floor(7 / 2)", Fraction(3)),
     ],
 )
 def test_exact_arithmetic(expression, value):
@@ -193,6 +262,8 @@ def test_exact_arithmetic(expression, value):
         ("1 / 0", "division by zero"),
         ("x + 1", "Name is not allowed"),
         ("9 ** 9 ** 9 ** 9", "exponent 387420489 exceeds"),
+        ("9^9^9", "exponent 387420489 exceeds"),
+        ("math.sqrt(2)", "not a rational number"),
     ],
 )
 def test_exact_rejections(expression, fragment):

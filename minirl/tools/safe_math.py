@@ -1,10 +1,16 @@
 """Bounded arithmetic on model-written expressions, without eval.
 
 The expression is parsed with `ast.parse(mode="eval")` and walked over a whitelist: int/float
-literals, + - * / // % **, unary + -, parentheses. Names, calls, attributes, subscripts,
-strings and everything else are rejected. Sizes are bounded: the expression length, the
-exponent, and the magnitude of every intermediate value (checked from bit lengths before a
-big product or power is computed).
+literals, + - * / // % **, unary + -, parentheses, the calls `math.<fn>(...)` of sqrt, exp, log, log2,
+log10, sin, cos, tan, fabs, floor, ceil, pow and factorial, and the constants `math.pi`, `math.e`. Other
+names, calls, attributes, subscripts, strings and everything else are rejected. Sizes are bounded: the
+expression length, the exponent, and the magnitude of every intermediate value (checked from bit
+lengths before a big product, power or factorial is computed).
+
+Before parsing, the text is rewritten as MiniMind's calculator rewrites it (its trainer/train_agent.py):
+`^` is a power, not XOR (`2^3*2` is 16: the rewrite is `**`, with its precedence), `×` `÷` `−` are
+* / -, and full-width brackets `（ ）` are ( ). MiniMind's namespace is `math`, so `sqrt(2)` without it is
+refused there and here.
 
 `evaluate` computes with int and float; `evaluate_exact` with fractions.Fraction, so `0.1 + 0.2`
 is exactly 3/10 and `1/3` is not 0.3333 (integer exponents only; numerator and denominator bounded).
@@ -17,7 +23,7 @@ import math
 import operator
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from decimal import Decimal
 from fractions import Fraction
 
@@ -26,6 +32,11 @@ Number = int | float
 
 class MathError(ValueError):
     """The expression is not allowed, too big, or undefined (e.g. division by zero)."""
+
+
+# MiniMind's rewrites of model-written arithmetic (module docstring)
+REWRITES = str.maketrans({"^": "**", "×": "*", "÷": "/", "−": "-", "（": "(", "）": ")"})
+MATH_CONSTANTS: dict[str, float] = {"pi": math.pi, "e": math.e}
 
 
 class _Evaluator:
@@ -40,6 +51,24 @@ class _Evaluator:
             ast.Constant: self._constant,
             ast.BinOp: self._binary,
             ast.UnaryOp: self._unary,
+            ast.Call: self._call,
+            ast.Attribute: lambda node: MATH_CONSTANTS[self._math_name(node, MATH_CONSTANTS, "Attribute")],
+        }
+        # math.<name> -> the function; each result is checked like any value, big ones refused before they exist
+        self.functions: dict[str, Callable[..., Number]] = {
+            "sqrt": math.sqrt,
+            "exp": math.exp,  # OverflowError past 1e308: "too large"
+            "log": math.log,
+            "log2": math.log2,
+            "log10": math.log10,
+            "sin": math.sin,
+            "cos": math.cos,
+            "tan": math.tan,
+            "fabs": math.fabs,
+            "floor": math.floor,
+            "ceil": math.ceil,
+            "pow": lambda base, exponent: float(self._power(base, exponent)),
+            "factorial": self._factorial,
         }
         self.binary: dict[type, Callable[[Number, Number], Number]] = {
             ast.Add: operator.add,
@@ -88,6 +117,41 @@ class _Evaluator:
         if op is None:
             raise MathError(f"operator {type(node.op).__name__} is not allowed; use unary + or -")
         return op(self.value_of(node.operand))
+
+    def _math_name(self, node: ast.AST, known: Collection[str], kind: str) -> str:
+        """NAME of `math.NAME` when it is one of `known`; else MathError naming the `kind` of node refused."""
+        if not (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "math"
+            and node.attr in known
+        ):
+            raise MathError(
+                f"{kind} is not allowed; besides numbers and operators only math.pi, math.e and "
+                f"math.<fn>(...) for fn in {', '.join(self.functions)}"
+            )
+        return node.attr
+
+    def _call(self, node: ast.Call) -> Number:
+        name = self._math_name(node.func, self.functions, "Call")
+        if node.keywords:
+            raise MathError(f"math.{name} takes no keyword arguments")
+        arguments = [self.value_of(argument) for argument in node.args]
+        try:
+            return self.functions[name](*arguments)
+        except MathError:
+            raise
+        except TypeError as err:  # the wrong number of arguments
+            raise MathError(f"math.{name}: {err}") from err
+        except ValueError as err:  # math.sqrt(-1), math.log(0): "math domain error"
+            raise MathError(f"math.{name} is undefined at {', '.join(map(str, arguments))}") from err
+
+    def _factorial(self, n: Number) -> int:
+        if n < 0 or n != int(n):
+            raise MathError(f"math.factorial needs a non-negative integer, got {n}")
+        if n > 1 and math.lgamma(n + 1) / math.log(10) >= self.max_digits:  # log10(n!) before n! exists
+            raise MathError(f"the result has more than {self.max_digits} digits")
+        return math.factorial(int(n))
 
     def _multiply(self, a: Number, b: Number) -> Number:
         if isinstance(a, int) and isinstance(b, int) and a and b:
@@ -154,13 +218,18 @@ def parse_expression(text: str) -> ast.Expression:
         return ast.parse(text, mode="eval")
 
 
-def _parse(expression: str, max_length: int) -> ast.Expression:
+def _source(expression: str, max_length: int) -> str:
+    """The text to parse: `expression` within the length limit, with MiniMind's rewrites (REWRITES), stripped."""
     if not isinstance(expression, str):
         raise MathError("the expression must be a string")
     if len(expression) > max_length:
         raise MathError(f"the expression is {len(expression)} characters long; the limit is {max_length}")
+    return expression.translate(REWRITES).strip()
+
+
+def _parse(source: str, expression: str) -> ast.Expression:
     try:
-        return parse_expression(expression.strip())
+        return parse_expression(source)
     except PARSE_ERRORS as err:
         raise MathError(f"not a valid arithmetic expression: {expression!r}") from err
 
@@ -178,15 +247,17 @@ def _walk(evaluator: _Evaluator, tree: ast.Expression) -> Number | Fraction:
 
 def evaluate(expression: str, *, max_length: int = 200, max_exponent: int = 64, max_digits: int = 100) -> Number:
     """The value of an arithmetic expression; raises MathError for anything else."""
-    return _walk(_Evaluator(max_exponent, max_digits), _parse(expression, max_length))
+    source = _source(expression, max_length)
+    return _walk(_Evaluator(max_exponent, max_digits), _parse(source, expression))
 
 
 def evaluate_exact(
     expression: str, *, max_length: int = 200, max_exponent: int = 64, max_digits: int = 100
 ) -> Fraction:
-    """The exact rational value of an arithmetic expression; raises MathError for anything else."""
-    tree = _parse(expression, max_length)
-    return _walk(_ExactEvaluator(expression.strip(), max_exponent, max_digits), tree)
+    """The exact rational value of an arithmetic expression; raises MathError for anything else (a function
+    whose value is not rational, such as math.sqrt(2), included)."""
+    source = _source(expression, max_length)
+    return _walk(_ExactEvaluator(source, max_exponent, max_digits), _parse(source, expression))
 
 
 def format_number(x: Number) -> str:
