@@ -27,7 +27,6 @@ from rich.progress import Progress, TextColumn
 
 from minirl.config import Config, DType
 from minirl.data import WARM_START_CORPORA
-from minirl.data.task import task_from_row
 from minirl.models.loading import load_model, load_tokenizer
 from minirl.models.tiny import build_model, build_tokenizer, pretrain_copying, render_texts
 from minirl.runtime import resolve_device
@@ -35,18 +34,40 @@ from minirl.training.sft import sft_examples, train_sft
 
 BUILD_RECORD = "minirl_build.json"
 # files whose source decides what the built model is, besides those of the warm-start corpus
-_SOURCES = [
-    ("minirl.models", "tiny.py"),
-    ("minirl.models", "chat_template.jinja"),
+_SOURCES = [("minirl.models", "tiny.py"), ("minirl.models", "chat_template.jinja")]
+# files whose source decides what any warm start learns, besides those of its corpus
+_WARM_START_SOURCES = [
     ("minirl.training", "sft.py"),
     ("minirl.protocol", "chat.py"),  # where SFT finds the assistant tokens it trains on
 ]
 
 
 def cache_key(cfg: Config) -> str:
-    h = hashlib.sha256()
+    """The embedded model's cache directory name: a hash of its shape, its sources and its warm start's inputs."""
+    h = hashlib.sha256(json.dumps(dataclasses.asdict(cfg.model.tiny), sort_keys=True).encode())
+    for package, name in _SOURCES:
+        h.update(resources.files(package).joinpath(name).read_bytes())
+    _hash_warm_start_inputs(h, cfg)
+    return h.hexdigest()[:12]
+
+
+def warm_start_key(cfg: Config) -> str:
+    """The cache directory name of a warm start of `model.name_or_path` (not the tiny model): a hash of the model
+    (its hub id, or its local directory's file names, sizes and modification times), its dtype and template
+    kwargs, and the warm start's inputs."""
+    source = Path(cfg.model.name_or_path).expanduser()
+    files = sorted((str(f.relative_to(source)), f.stat().st_size, f.stat().st_mtime_ns) for f in source.rglob("*"))
+    model = {"model": cfg.model.name_or_path, "files": files, "dtype": cfg.model.dtype}
+    model["chat_template_kwargs"] = cfg.model.chat_template_kwargs
+    h = hashlib.sha256(json.dumps(model, sort_keys=True, default=str).encode())
+    _hash_warm_start_inputs(h, cfg)
+    return h.hexdigest()[:12]
+
+
+def _hash_warm_start_inputs(h, cfg: Config) -> None:
+    """Add what a warm start learns from to `h`: the SFT settings, the data split whose held-out prompts it leaves
+    out, the source of the code that generates and renders its conversations, and sft.path's bytes."""
     settings = {
-        "tiny": dataclasses.asdict(cfg.model.tiny),
         "sft": dataclasses.asdict(cfg.sft),
         "data": [
             cfg.data.name,
@@ -58,9 +79,10 @@ def cache_key(cfg: Config) -> str:
         ],
     }
     h.update(json.dumps(settings, sort_keys=True, default=str).encode())
-    for package, name in [*_SOURCES, *WARM_START_CORPORA.get(cfg.sft.corpus).sources]:
+    for package, name in [*_WARM_START_SOURCES, *WARM_START_CORPORA.get(cfg.sft.corpus).sources]:
         h.update(resources.files(package).joinpath(name).read_bytes())
-    return h.hexdigest()[:12]
+    if cfg.sft.path is not None and Path(cfg.sft.path).is_file():  # a missing one: the corpus says so
+        h.update(Path(cfg.sft.path).read_bytes())
 
 
 def _save_atomically(target: Path, model, tokenizer, record: dict) -> None:
@@ -87,8 +109,7 @@ def _run_with_progress(console, label: str, train) -> float:
 def _build_base(cfg: Config, target: Path, console) -> None:
     tiny = cfg.model.tiny
     corpus = WARM_START_CORPORA.get(cfg.sft.corpus)
-    rows = corpus.sft_rows(tiny.tokenizer_corpus_rows, tiny.seed + 1000, set())
-    tasks = [task_from_row(row, f"corpus[{i}]") for i, row in enumerate(rows)]
+    tasks = corpus.conversations(cfg, tiny.tokenizer_corpus_rows, tiny.seed + 1000, set())
     tokenizer = build_tokenizer(tiny, render_texts((t.conversation, t.tools) for t in tasks))
     model = build_model(tiny, tokenizer)
     start = time.perf_counter()
@@ -99,11 +120,11 @@ def _build_base(cfg: Config, target: Path, console) -> None:
     _save_atomically(target, model, tokenizer, record)
 
 
-def _warm_start(cfg: Config, base: Path, target: Path, console) -> None:
+def _warm_start(cfg: Config, base: str, target: Path, console, dtype: DType = DType.float32) -> None:
+    """SFT the model at `base` on sft.corpus in `dtype` and save it at `target`, with its BUILD_RECORD."""
     device = resolve_device(cfg.trainer.device, cfg.trainer.deterministic)
-    # one recipe whatever model.dtype the policy runs in later (the cache key leaves the dtype out): float32
-    fp32 = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=DType.float32))
-    model, tokenizer = load_model(str(base), fp32, device), load_tokenizer(str(base), cfg)
+    typed = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
+    model, tokenizer = load_model(base, typed, device), load_tokenizer(base, cfg)
     examples = sft_examples(tokenizer, cfg)
     console.print(
         f"[bold]warm start[/]: no cached SFT checkpoint; training on {len(examples)} {cfg.sft.corpus} conversations "
@@ -147,14 +168,28 @@ def ensure_tiny(cfg: Config, console, warm: bool) -> Path:
         if not (base / "config.json").exists():
             console.print(f"building the embedded tiny model in {root}")
             _build_base(cfg, base, console)
-        if warm and not (sft / "config.json").exists():
-            _warm_start(cfg, base, sft, console)
+        if warm and not (sft / "config.json").exists():  # float32 whatever model.dtype (not in the cache key)
+            _warm_start(cfg, str(base), sft, console)
     return sft if warm else base
 
 
+def ensure_warm_start(cfg: Config, console) -> Path:
+    """Directory of `model.name_or_path` after SFT on sft.corpus in model.dtype, made when not cached yet."""
+    target = Path(cfg.model.cache_dir).expanduser() / f"warm-start-{warm_start_key(cfg)}" / "sft"
+    if not (target / "config.json").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with _deterministic_algorithms(cfg.trainer.deterministic):
+            _warm_start(cfg, cfg.model.name_or_path, target, console, cfg.model.dtype)
+    return target
+
+
 def model_path(cfg: Config, console, warm_start: bool = True) -> str:
-    """What `model.name_or_path` loads from: itself, or for `tiny` the cached build (made here when missing;
-    warm-started unless model.warm_start or `warm_start` is false)."""
-    if cfg.model.name_or_path != "tiny":
-        return cfg.model.name_or_path
-    return str(ensure_tiny(cfg, console, warm=cfg.model.warm_start and warm_start))
+    """What `model.name_or_path` loads from: for `tiny` the cached build, warm-started unless model.warm_start is
+    false; for any other model itself, or with model.warm_start=true its cached warm start (ensure_warm_start).
+    Builds and warm starts are made here when missing; `warm_start=False` skips the warm start (python -m
+    minirl.sft runs its own)."""
+    if cfg.model.name_or_path == "tiny":
+        return str(ensure_tiny(cfg, console, warm=warm_start and cfg.model.warm_start is not False))
+    if warm_start and cfg.model.warm_start:
+        return str(ensure_warm_start(cfg, console))
+    return cfg.model.name_or_path

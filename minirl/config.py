@@ -88,7 +88,9 @@ class ModelConfig:
     name_or_path: str = "tiny"
     dtype: DType = DType.float32
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-    warm_start: bool = True  # tiny only: SFT on synthetic tool trajectories when not cached yet
+    # SFT on sft.corpus before the run, cached in cache_dir: null = the embedded tiny model only (a model loaded by
+    # name or path, a checkpoint say, is taken as it is); true = any model; false = none
+    warm_start: Optional[bool] = None
     cache_dir: str = "~/.cache/minirl"  # where the tiny model and its warm start are built
     trust_remote_code: bool = False
     # passed to the chat template in every render (rollout, SFT, eval, serve), e.g. {enable_thinking: false}
@@ -98,11 +100,12 @@ class ModelConfig:
 
 @dataclass
 class SFTConfig:
-    """Warm start on full synthetic tool trajectories (loss on assistant tokens only)."""
+    """Warm start on full tool trajectories (loss on assistant tokens only)."""
 
-    # registry key (WARM_START_CORPORA): synthetic_tools | synthetic_math; the embedded model's
-    # tokenizer and SFT data come from it
+    # registry key (WARM_START_CORPORA): synthetic_tools | synthetic_math | jsonl (a file of a user's own
+    # conversations in the agent format, sft.path); the embedded model's tokenizer and SFT data come from it
     corpus: str = "synthetic_tools"
+    path: Optional[str] = None  # jsonl: the conversations, each with assistant messages after its last user message
     rows: int = 3000
     epochs: int = 5
     batch_size: int = 16

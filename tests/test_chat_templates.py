@@ -21,12 +21,13 @@ from minirl.config import CallPolicy, ProtocolConfig
 from minirl.data.task import Task
 from minirl.errors import ConfigError
 from minirl.protocol import chat
-from minirl.protocol.chat import Construction, next_prompt, render, turn_deltas
+from minirl.protocol.chat import Construction, TemplateError, next_prompt, render, turn_deltas
 from minirl.protocol.parsing import TurnKind, parse_turn
 from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import SamplingParams
 from minirl.rollout.trajectory import TrajectoryEnd
 from minirl.tools import ToolExecutor, build_tools
+from minirl.training.sft import tokenize_conversation
 
 THINK_ON, THINK_OFF = {"enable_thinking": True}, {"enable_thinking": False}
 OPENED_THINK = "<think>\n"
@@ -229,3 +230,35 @@ def test_the_calls_the_template_renders_read_back(case):
         expected = [(c["function"]["name"], arguments_of(c)) for c in message.get("tool_calls", [])]
         assert [(c.name, c.arguments) for c in parsed.tool_calls] == expected
         assert parsed.kind is (TurnKind.TOOL if expected else TurnKind.ANSWER)
+
+
+def test_sft_tokenizes_a_conversation_as_its_rollout_holds_it(case):
+    """The SFT example of the case's conversation (minirl/training/sft.py) is the token sequence a rollout of
+    its turns holds: the first prompt, the model's turns (mask 1, exactly those tokens) and what the framework
+    appends after each (mask 0). A prefix template's example is its full render, which may go on after the last
+    turn's end-of-turn token (mask 0); Qwen3.5's with thinking has "\\n" after its "<think>\\n" prompt, which the
+    render's own tokens merge. DeepSeek-V3's is refused, naming why: its generation prompt opens a <think> block
+    that its render of an assistant message does not have, so what a model writes after it is unknown."""
+    tokenizer, messages, tools = case.tokenizer, case.messages, [CALC_TOOL]
+    if case.key == "deepseekv3":
+        with pytest.raises(TemplateError, match="does not start with its generation prompt"):
+            tokenize_conversation(tokenizer, messages, tools)
+        return
+    turns = model_turns(tokenizer, messages, case.ends)
+    prompt = render(tokenizer, messages[:2], tools, add_generation_prompt=True)
+    ids, mask, history = list(prompt), [0] * len(prompt), messages[:2]
+    for completion, position in zip(turns, call_positions(messages)):
+        observations = [messages[position + 1]]
+        deltas = turn_deltas(tokenizer, history, tools, observations, messages[position]["tool_calls"])
+        _, added = next_prompt(ids, completion, deltas)
+        ids, mask = [*ids, *completion, *added], [*mask, *[1] * len(completion), *[0] * len(added)]
+        history = [*history, messages[position], *observations]
+    ids, mask = [*ids, *turns[-1]], [*mask, *[1] * len(turns[-1])]
+    example = tokenize_conversation(tokenizer, messages, tools)
+    assert (example.input_ids[: len(ids)], example.loss_mask[: len(ids)]) == (ids, mask)
+    rest = example.input_ids[len(ids) :]
+    assert not any(example.loss_mask[len(ids) :])
+    if case.construction is Construction.PREFIX:
+        assert example.input_ids == render(tokenizer, messages, tools, add_generation_prompt=False)
+    else:
+        assert rest == []

@@ -451,12 +451,18 @@ def test_jsonl_dataset_skips_bad_rows_of_both_files_and_logs_them(tmp_path, capl
     assert caplog.messages == [report]
 
 
-def test_each_warm_start_corpus_has_its_own_model_cache_key():
+def test_each_warm_start_corpus_has_its_own_model_cache_key(tmp_path):
+    """Each corpus, and each content of a jsonl corpus's file, keys its own model cache entry."""
     from minirl.bootstrap import cache_key
 
-    assert WARM_START_CORPORA.names() == ["synthetic_math", "synthetic_tools"]
+    assert WARM_START_CORPORA.names() == ["jsonl", "synthetic_math", "synthetic_tools"]
     assert Config().sft.corpus == "synthetic_tools"
     keys = {cache_key(Config(sft=SFTConfig(corpus=name))) for name in WARM_START_CORPORA}
     assert len(keys) == len(WARM_START_CORPORA.names())
-    with pytest.raises(ConfigError, match="unknown sft.corpus 'nope'; known: synthetic_math, synthetic_tools"):
+    with pytest.raises(ConfigError, match="unknown sft.corpus 'nope'; known: jsonl, synthetic_math, synthetic_tools"):
         WARM_START_CORPORA.get("nope")
+    path = tmp_path / "conversations.jsonl"
+    write_jsonl(path, sft_rows(2, seed=0, exclude_prompts=set()))
+    first = cache_key(Config(sft=SFTConfig(corpus="jsonl", path=str(path))))
+    write_jsonl(path, sft_rows(2, seed=1, exclude_prompts=set()))
+    assert cache_key(Config(sft=SFTConfig(corpus="jsonl", path=str(path)))) not in (first, *keys)

@@ -4,8 +4,9 @@ malformed rows skipped under `data.on_error=skip`).
     @DATASETS.register("my_dataset")
     def my_dataset(cfg: DatasetConfig) -> Dataset: ...
 
-then `data.name=my_dataset`. `WARM_START_CORPORA` names the conversations the embedded tiny
-model's tokenizer and SFT warm start learn from (`sft.corpus=synthetic_math`).
+then `data.name=my_dataset`. `WARM_START_CORPORA` names the conversations the SFT warm start (and the
+embedded tiny model's tokenizer) learn from: `sft.corpus=synthetic_math`, or a file of a user's own
+(`sft.corpus=jsonl sft.path=conversations.jsonl`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
-from minirl.config import OnError
+from minirl.config import Config, OnError
 from minirl.data import synthetic_math, synthetic_tools
+from minirl.data.generation import RowGenerator
 from minirl.data.jsonl import load_jsonl
-from minirl.data.task import Task
+from minirl.data.task import Task, task_from_row
 from minirl.errors import ConfigError, DataError
 from minirl.registry import Registry
 
@@ -97,16 +99,43 @@ def jsonl_dataset(cfg: DatasetConfig) -> Dataset:
 
 @dataclass(frozen=True)
 class WarmStartCorpus:
-    """Conversations with full references that the embedded model's tokenizer and warm start learn from."""
+    """Conversations with full references that a warm start learns from (the embedded model's tokenizer too)."""
 
-    sft_rows: Callable[[int, int, Collection[str]], list[dict]]  # (n, seed, exclude_prompts) -> rows
+    # (config, n, seed, prompts to exclude) -> up to n tasks whose references are what SFT trains on
+    conversations: Callable[[Config, int, int, Collection[str]], list[Task]]
     sources: tuple[tuple[str, str], ...]  # (package, file) whose source decides the rows: part of the model's cache key
+
+
+def _generated(generator: RowGenerator) -> Callable[[Config, int, int, Collection[str]], list[Task]]:
+    """The generator's warm-start rows as tasks."""
+
+    def conversations(cfg: Config, n: int, seed: int, exclude: Collection[str]) -> list[Task]:
+        rows = generator.sft_rows(n, seed, exclude)
+        return [task_from_row(row, f"{generator.name}:sft[{i}]") for i, row in enumerate(rows)]
+
+    return conversations
+
+
+def jsonl_conversations(cfg: Config, n: int, seed: int, exclude: Collection[str]) -> list[Task]:
+    """The first `n` conversations of `sft.path` (rows in the agent format, each with assistant messages after its
+    last user message) whose prompt is not excluded, in file order (`seed` is not used). A malformed row, or one
+    with nothing to train on, raises DataError naming it."""
+    if cfg.sft.path is None:
+        raise ConfigError("sft.path: sft.corpus=jsonl needs a file of conversations (sft.path=conversations.jsonl)")
+    tasks = load_jsonl(cfg.sft.path, cfg.data.max_row_bytes)
+    for i, task in enumerate(tasks):
+        if not any(m["role"] == "assistant" for m in task.reference):
+            raise DataError(
+                f"{cfg.sft.path}: row {i + 1} ({task.id}) has no assistant message after its last user message: "
+                "nothing to train on"
+            )
+    return [t for t in tasks if t.messages[-1]["content"] not in exclude][:n]
 
 
 WARM_START_CORPORA: Registry[WarmStartCorpus] = Registry("sft.corpus")
 WARM_START_CORPORA.register("synthetic_tools")(
     WarmStartCorpus(
-        synthetic_tools.GENERATOR.sft_rows,
+        _generated(synthetic_tools.GENERATOR),
         sources=(
             ("minirl.data", "generation.py"),
             ("minirl.data", "synthetic_tools.py"),
@@ -116,7 +145,7 @@ WARM_START_CORPORA.register("synthetic_tools")(
 )
 WARM_START_CORPORA.register("synthetic_math")(
     WarmStartCorpus(
-        synthetic_math.GENERATOR.sft_rows,
+        _generated(synthetic_math.GENERATOR),
         sources=(
             ("minirl.data", "generation.py"),
             ("minirl.data", "synthetic_math.py"),
@@ -124,6 +153,8 @@ WARM_START_CORPORA.register("synthetic_math")(
         ),
     )
 )
+# a user's file: its bytes are part of the cache key (minirl.bootstrap), not any source
+WARM_START_CORPORA.register("jsonl")(WarmStartCorpus(jsonl_conversations, sources=(("minirl.data", "jsonl.py"),)))
 
 __all__ = [
     "DATASETS",

@@ -94,6 +94,17 @@ def render(
     return _as_id_list(rendered)
 
 
+def render_text(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None, add_generation_prompt: bool) -> str:
+    """The text `render` tokenizes."""
+    return tokenizer.apply_chat_template(
+        list(messages),
+        tools=list(tools) if tools else None,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        **template_kwargs(tokenizer),
+    )
+
+
 def _encode_text(tokenizer, text: str) -> list[int]:
     return _as_id_list(tokenizer.encode(text, add_special_tokens=False))
 
@@ -350,12 +361,20 @@ def next_prompt(
 
 
 def assistant_turn(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None) -> tuple[int, list[int]]:
-    """For `messages` ending with an assistant message: (where its tokens start in the rendering of
-    `messages`, the tokens a model writes for it). Those are what the template renders after the
-    generation prompt, up to and including the end-of-turn token; what follows that token (a newline)
-    is the template's, not the model's."""
-    prompt = render(tokenizer, messages[:-1], tools, add_generation_prompt=True)
-    rendered = render(tokenizer, messages, tools, add_generation_prompt=False)
-    span = _strip_prefix(rendered, prompt, "assistant message")
+    """For `messages` ending with an assistant message: (where its tokens start, after the tokens of the generation
+    prompt the model answers, the tokens a model writes for it). Those are what the template renders after the
+    generation prompt, up to and including the end-of-turn token; what follows that token (a newline) is the
+    template's, not the model's. The split is made in the rendered text and each side tokenized on its own, as at
+    inference: the model sees the prompt's tokens, then writes its own (where the template puts "<think>\n" in the
+    generation prompt, Qwen3.5's, the rendered text after it may start with "\n", which one tokenization of the
+    whole would merge into the prompt's last token)."""
+    prompt_text = render_text(tokenizer, messages[:-1], tools, add_generation_prompt=True)
+    rendered_text = render_text(tokenizer, messages, tools, add_generation_prompt=False)
+    if not rendered_text.startswith(prompt_text):
+        raise TemplateError(
+            "chat template rewrites history (assistant message): the rendering of the conversation does not start "
+            "with its generation prompt, so the tokens the model writes for the last assistant message are unknown"
+        )
+    span = _encode_text(tokenizer, rendered_text[len(prompt_text) :])
     eos = tokenizer.eos_token_id
-    return len(prompt), span[: len(span) - span[::-1].index(eos)] if eos in span else span
+    return len(_encode_text(tokenizer, prompt_text)), span[: len(span) - span[::-1].index(eos)] if eos in span else span

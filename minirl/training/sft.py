@@ -1,26 +1,38 @@
 """Supervised warm start on full tool trajectories (`python -m minirl.sft`, and the tiny model's build).
 
 The loss is on assistant tokens only, up to and including the end-of-turn token (so the model
-learns to stop); system, user and tool tokens are context. Assistant spans are found by
-rendering the conversation prefix by prefix through the chat template, so any template with
-the prefix property works, the embedded one and the Qwen ones alike.
+learns to stop); system, user and tool tokens are context. A conversation's tokens are those a rollout of it
+holds: under a prefix-preserving template its render, the assistant spans located by rendering it prefix by
+prefix; under the others (Qwen3, Qwen3.5 with thinking, gpt-oss) built turn by turn token-in/token-out, as
+the agent loop builds them (docs/chat_templates.md).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import jinja2
 import torch
 import torch.nn.functional as F
 
 from minirl.config import Config, SFTConfig
 from minirl.data import DATASETS, WARM_START_CORPORA
-from minirl.data.task import task_from_row
 from minirl.inference.decoding import prompt_shared_logits
-from minirl.protocol.chat import TemplateError, assistant_turn, render
+from minirl.protocol.chat import (
+    Construction,
+    TemplateError,
+    assistant_turn,
+    construction_of,
+    next_prompt,
+    render,
+    turn_deltas,
+)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -32,12 +44,33 @@ class SFTExample:
 
 def tokenize_conversation(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None) -> SFTExample:
     """Token ids of a whole conversation, the mask of the assistant tokens in it, and the length of its
-    system part (what rows with the same instructions and tools share)."""
+    system part (what rows with the same instructions and tools share): the tokens a rollout of the same
+    conversation holds. A prefix-preserving template renders them at once; under the others (Qwen3's, which
+    re-renders earlier turns) they are built turn by turn as a rollout builds them (`_turn_by_turn`)."""
+    if construction_of(tokenizer) is Construction.PREFIX:
+        ids, mask = _rendered_whole(tokenizer, messages, tools)
+    else:
+        ids, mask = _turn_by_turn(tokenizer, messages, tools)
+    return SFTExample(ids, mask, _system_length(tokenizer, messages, tools, ids))
+
+
+def _system_length(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None, ids: list[int]) -> int:
+    """How many leading tokens of `ids` render the system message(s) and tools alone; 0 where they do not lead
+    the render or the template will not render them without a user message (Qwen3.5's, Llama 3's)."""
+    system_turns = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    if not system_turns:
+        return 0
+    try:
+        system = render(tokenizer, messages[:system_turns], tools, add_generation_prompt=False)
+    except jinja2.TemplateError:
+        return 0
+    return len(system) if ids[: len(system)] == system else 0
+
+
+def _rendered_whole(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None) -> tuple[list[int], list[int]]:
+    """(ids [L], mask [L]): the conversation's render, each assistant message's tokens located in it."""
     ids = render(tokenizer, messages, tools, add_generation_prompt=False)
     mask = [0] * len(ids)
-    system_turns = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
-    system = render(tokenizer, messages[:system_turns], tools, add_generation_prompt=False) if system_turns else []
-    system_length = len(system) if system and ids[: len(system)] == system else 0
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
@@ -45,7 +78,29 @@ def tokenize_conversation(tokenizer, messages: Sequence[dict], tools: Sequence[d
         if ids[start : start + len(tokens)] != tokens:
             raise TemplateError("chat template rewrites history; cannot locate assistant tokens")
         mask[start : start + len(tokens)] = [1] * len(tokens)
-    return SFTExample(ids, mask, system_length)
+    return ids, mask
+
+
+def _turn_by_turn(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None) -> tuple[list[int], list[int]]:
+    """(ids [L], mask [L]) token-in/token-out: the prompt before the first assistant message rendered with its
+    generation prompt, then per assistant message the tokens the model writes for it (mask 1) and the template's
+    closing and the next messages' tokens up to the next generation prompt (mask 0, minirl.protocol.chat's
+    turn_deltas). The last assistant message ends the sequence at its end-of-turn token."""
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not turns:
+        ids = render(tokenizer, messages, tools, add_generation_prompt=False)
+        return ids, [0] * len(ids)
+    ids = render(tokenizer, messages[: turns[0]], tools, add_generation_prompt=True)
+    mask = [0] * len(ids)
+    for i, end in zip(turns, [*turns[1:], len(messages)]):
+        _, tokens = assistant_turn(tokenizer, messages[: i + 1], tools)
+        ids, mask = ids + tokens, mask + [1] * len(tokens)
+        following = messages[i + 1 : end]
+        if following:
+            calls = messages[i].get("tool_calls") or []
+            _, added = next_prompt([], tokens, turn_deltas(tokenizer, messages[:i], tools, following, calls))
+            ids, mask = ids + added, mask + [0] * len(added)
+    return ids, mask
 
 
 def _batches(examples: list[SFTExample], batch_size: int, pad_id: int, rng: random.Random):
@@ -138,10 +193,16 @@ def train_sft(
 
 
 def sft_examples(tokenizer, cfg: Config) -> list[SFTExample]:
-    """Warm-start conversations from `sft.corpus`, never sharing a prompt with the held-out tasks."""
+    """Warm-start conversations from `sft.corpus` (`sft.rows` of them), never sharing a prompt with the held-out
+    tasks, each at most `sft.max_length` tokens."""
     heldout = DATASETS.get(cfg.data.name)(cfg.data).heldout
     exclude = {t.messages[-1]["content"] for t in heldout}
-    rows = WARM_START_CORPORA.get(cfg.sft.corpus).sft_rows(cfg.sft.rows, cfg.sft.seed, exclude)
-    tasks = [task_from_row(row, f"sft[{i}]") for i, row in enumerate(rows)]
+    tasks = WARM_START_CORPORA.get(cfg.sft.corpus).conversations(cfg, cfg.sft.rows, cfg.sft.seed, exclude)
     examples = [tokenize_conversation(tokenizer, t.conversation, t.tools) for t in tasks]
-    return [e for e in examples if len(e.input_ids) <= cfg.sft.max_length]
+    kept = [e for e in examples if len(e.input_ids) <= cfg.sft.max_length]
+    if len(kept) < len(examples):
+        log.warning(
+            "SFT leaves out %d of %d conversations longer than sft.max_length=%d tokens",
+            len(examples) - len(kept), len(examples), cfg.sft.max_length,
+        )  # fmt: skip
+    return kept
