@@ -3,9 +3,11 @@ import re
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from minirl.data import load_jsonl
 from minirl.errors import ConfigError
 from minirl.tools import (
     MINIMIND_TOOL_NAMES,
@@ -36,6 +38,16 @@ SCHEMA = {
     "required": ["text"],
     "additionalProperties": False,
 }
+
+
+# rows in MiniMind's agent-RL format, offering MiniMind's TOOLS as its trainer declares them
+MINIMIND_ROWS = Path(__file__).parent / "data" / "minimind_agent_rl.jsonl"
+
+
+def minimind_tools() -> list[dict]:
+    """MiniMind's six function schemas, verbatim (every row of MINIMIND_ROWS offers them on its system message)."""
+    row = json.loads(MINIMIND_ROWS.read_text(encoding="utf-8").splitlines()[0])
+    return json.loads(row["conversations"][0]["tools"])
 
 
 @pytest.fixture(scope="module")
@@ -223,6 +235,71 @@ def test_translate_text(executor):
     assert unknown.status == "error" and "fixed vocabulary" in unknown.content
 
 
+def test_minimind_spellings_run_as_our_own(executor):
+    """MiniMind's `location`, its optional time zone and its unit names mean what ours do."""
+    assert run_tool(executor, "get_current_weather", location="Paris") == run_tool(
+        executor, "get_current_weather", city="Paris"
+    )
+    assert run_tool(executor, "get_current_time") == run_tool(executor, "get_current_time", timezone="Asia/Shanghai")
+    pairs = [
+        ("miles", "mile", "km"),
+        ("pounds", "lb", "kg"),
+        ("meters", "m", "ft"),
+        ("feet", "ft", "m"),
+        ("KM", "km", "m"),
+    ]
+    for minimind, ours, to_unit in pairs:
+        assert (
+            run_tool(executor, "unit_converter", value=3, from_unit=minimind, to_unit=to_unit)["result"]
+            == (run_tool(executor, "unit_converter", value=3, from_unit=ours, to_unit=to_unit)["result"])
+        )
+    assert run_tool(executor, "unit_converter", value=100, from_unit="Celsius", to_unit="fahrenheit") == {
+        "result": "212",
+        "unit": "fahrenheit",
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "told"),
+    [
+        ("get_current_weather", {"location": "Paris", "city": "Paris"}, "unexpected argument 'location'"),
+        ("get_current_weather", {}, "missing required argument 'city'"),
+        ("get_current_weather", {"location": 5}, "missing required argument 'city'; unexpected argument 'location'"),
+        ("get_current_time", {"timezone": 5}, "argument 'timezone' must be of type string, got number"),
+        ("get_current_time", {"zone": "UTC"}, "missing required argument 'timezone'; unexpected argument 'zone'"),
+    ],
+)
+def test_arguments_no_spelling_accepts_are_checked_against_the_tools_own_schema(executor, name, arguments, told):
+    result = executor.execute(ToolCall("c", name, arguments))
+    assert result.status == "bad_arguments"
+    assert json.loads(result.content) == {"error": f"bad arguments for '{name}': {told}"}
+
+
+def test_minimind_unit_names_outside_its_table_are_still_unknown(executor):
+    result = executor.execute(ToolCall("c", "unit_converter", {"value": 1, "from_unit": "c", "to_unit": "F"}))
+    assert result.status == "error" and "unknown unit 'c'" in result.content
+
+
+def test_minimind_rows_run_as_written(executor):
+    """Every reference call of the MiniMind-format rows (all six tools, MiniMind's spellings) runs, gives the
+    row's tool message, and the reference answer states every gt value."""
+    tasks = load_jsonl(MINIMIND_ROWS, max_row_bytes=10**6)
+    assert {call["function"]["name"] for task in tasks for call in _reference_calls(task)} == set(MINIMIND_TOOL_NAMES)
+    for task in tasks:
+        told = [json.loads(m["content"]) for m in task.reference if m["role"] == "tool"]
+        results = [
+            executor.execute(ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"]))
+            for c in (_reference_calls(task))
+        ]
+        assert [r.status for r in results] == ["ok"] * len(told), [r.content for r in results]
+        assert [json.loads(r.content) for r in results] == told
+        assert all(value in task.reference[-1]["content"] for value in task.gt)
+
+
+def _reference_calls(task) -> list[dict]:
+    return [call for m in task.reference for call in m.get("tool_calls", [])]
+
+
 def test_tools_raise_tool_error_when_called_directly():
     with pytest.raises(ToolError):
         TOOLS.get("get_exchange_rate")().run({"from_currency": "USD", "to_currency": "USD"})
@@ -348,6 +425,17 @@ def test_tools_the_tasks_offer_must_be_tools_the_executor_runs():
     check_offered_tools([], [])
     with pytest.raises(ConfigError, match=r"^tools.names: the tasks offer unit_converter, which tools.names "):
         check_offered_tools(offered, ["calculate_math"])
+
+
+def test_minimind_schemas_pass_the_start_up_check():
+    """A row offering MiniMind's TOOLS verbatim (`location`, an optional time zone) runs on our tools."""
+    check_offered_tools(minimind_tools(), MINIMIND_TOOL_NAMES)
+    weather = next(t for t in minimind_tools() if t["function"]["name"] == "get_current_weather")
+    weather["function"]["parameters"]["properties"] = {"place": {"type": "string"}}
+    weather["function"]["parameters"]["required"] = ["place"]
+    checked = r'checks \{.*"city".*\} or \{.*"location".*\}; fix the data'
+    with pytest.raises(ConfigError, match=checked):
+        check_offered_tools([weather], MINIMIND_TOOL_NAMES)
 
 
 def test_a_tool_the_tasks_offer_with_other_arguments_than_it_checks_is_refused():

@@ -6,7 +6,9 @@ A tool is a class with a `name`, a `description`, a JSON-schema `parameters` obj
     @TOOLS.register("calculate_math")
     class CalculateMath(Tool): ...
 
-Arguments are checked against the schema by minirl/tools/schema.py; minirl/tools/executor.py runs calls.
+A tool may also accept other spellings of its arguments (`Spelling`: another parameters schema, e.g. the
+one MiniMind's data offers); `run` always gets its own. Arguments are checked against the schemas by
+minirl/tools/schema.py; minirl/tools/executor.py runs calls.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from minirl.errors import ConfigError
 from minirl.registry import Registry
+from minirl.tools.schema import validate_arguments
 
 if TYPE_CHECKING:
     from minirl.config import ToolsConfig
@@ -45,16 +48,51 @@ class ToolTimeout(ToolError):
     """A tool stopped its own work at a time limit (e.g. a killed sandbox run): status "timeout"."""
 
 
+@dataclass(frozen=True)
+class Spelling:
+    """Another interface a tool accepts: a parameters schema whose arguments mean the tool's own under other
+    names (`renamed`: this spelling's name -> the tool's), and whose properties' `default` values fill in
+    arguments left out."""
+
+    parameters: dict  # JSON schema of an object
+    renamed: dict[str, str] = field(default_factory=dict)
+
+    def own(self, arguments: dict) -> dict:
+        """`arguments` (valid under `parameters`) in the tool's own spelling."""
+        properties = self.parameters.get("properties", {})
+        defaults = {key: spec["default"] for key, spec in properties.items() if "default" in spec}
+        return {self.renamed.get(key, key): value for key, value in {**defaults, **arguments}.items()}
+
+
 class Tool:
-    """One callable tool. `run` receives arguments already checked against `parameters`."""
+    """One callable tool. `run` receives arguments already checked against `parameters`, or against one of
+    `spellings` and put in the tool's own spelling."""
 
     name: str
     description: str
-    parameters: dict  # JSON schema of an object
+    parameters: dict  # JSON schema of an object: what the tool offers
+    spellings: tuple[Spelling, ...] = ()  # other interfaces it also accepts (e.g. MiniMind's)
 
     def run(self, arguments: dict) -> dict:
         """A JSON-serialisable result; may raise ToolError."""
         raise NotImplementedError
+
+    @classmethod
+    def accept(cls, arguments: Any) -> dict | list[str]:
+        """`arguments` in the tool's own spelling when `parameters` or a spelling accepts them; else the
+        problems `parameters` finds (what the model is told, whatever the spellings)."""
+        problems = validate_arguments(cls.parameters, arguments)
+        if not problems:
+            return arguments
+        for spelling in cls.spellings:
+            if not validate_arguments(spelling.parameters, arguments):
+                return spelling.own(arguments)
+        return problems
+
+    @classmethod
+    def interfaces(cls) -> list[dict]:
+        """Every parameters schema the tool accepts, its own first."""
+        return [cls.parameters, *(spelling.parameters for spelling in cls.spellings)]
 
     @classmethod
     def check_config(cls, cfg: ToolsConfig) -> None:
@@ -92,8 +130,8 @@ def _interface(parameters: Any) -> tuple[list[tuple[str, str]], list[str]]:
 def check_offered_tools(offered: Iterable[dict], names: Collection[str]) -> None:
     """`offered`: the function schemas the tasks show the model; `names`: the tools the executor runs
     (tools.names). A tool shown but not run would fail every call as unknown, and one shown with other
-    arguments than its tool checks would hold the model to an interface it never saw; either is a ConfigError,
-    raised before any model loads."""
+    arguments than its tool checks (its own parameters or a spelling's) would hold the model to an interface it
+    never saw; either is a ConfigError, raised before any model loads."""
     offered = list(offered)
     missing = sorted({schema["function"]["name"] for schema in offered} - set(names))
     if missing:
@@ -103,11 +141,12 @@ def check_offered_tools(offered: Iterable[dict], names: Collection[str]) -> None
         )
     for schema in offered:
         name, shown = schema["function"]["name"], schema["function"].get("parameters")
-        checked = TOOLS.get(name).parameters
-        if _interface(shown) != _interface(checked):
+        checked = TOOLS.get(name).interfaces()
+        if _interface(shown) not in map(_interface, checked):
+            accepted = " or ".join(map(json.dumps, checked))
             raise ConfigError(
                 f"tools.names: the tasks offer {name} with parameters {json.dumps(shown)}, but the {name} tool "
-                f"checks {json.dumps(checked)}; fix the data's schema or register a tool that matches it"
+                f"checks {accepted}; fix the data's schema or register a tool that matches it"
             )
 
 

@@ -1,6 +1,6 @@
 """The executor that runs tool calls safely. `ToolExecutor` checks each call's arguments against the tool's
-schema, runs it in a worker thread with a timeout, caps the observation, and never raises: every outcome,
-failures included, becomes a `ToolResult` the model reads as a tool message.
+schemas (`Tool.accept`), runs it in a worker thread with a timeout, caps the observation, and never raises: every
+outcome, failures included, becomes a `ToolResult` the model reads as a tool message.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Any
 
 from minirl.config import ToolsConfig
 from minirl.tools.base import Tool, ToolCall, ToolResult, ToolStatus, ToolTimeout, build_tools
-from minirl.tools.schema import validate_arguments
 
 _TRUNCATION_MARKER = "...[truncated {} chars]"
 
@@ -46,18 +45,21 @@ def _describe(err: BaseException) -> str:
 
 
 class _Run:
-    """One call running in a daemon thread (a hung tool cannot block the process from exiting)."""
+    """One call running in a daemon thread (a hung tool cannot block the process from exiting); `arguments` are
+    the call's in the tool's own spelling."""
 
-    def __init__(self, call: ToolCall, tool: Tool) -> None:
+    def __init__(self, call: ToolCall, tool: Tool, arguments: dict) -> None:
         self.call = call
         self.outcome: tuple[ToolStatus, str] | None = None
         self.started = time.perf_counter()
-        self._thread = threading.Thread(target=self._work, args=(tool,), name=f"tool-{call.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._work, args=(tool, arguments), name=f"tool-{call.name}", daemon=True
+        )
         self._thread.start()
 
-    def _work(self, tool: Tool) -> None:
+    def _work(self, tool: Tool, arguments: dict) -> None:
         try:
-            self.outcome = ("ok", _to_json(tool.run(self.call.arguments)))
+            self.outcome = ("ok", _to_json(tool.run(arguments)))
         except ToolTimeout as err:
             self.outcome = ("timeout", _error_json(_describe(err)))
         except BaseException as err:  # a worker thread: whatever the tool raised is the model's observation
@@ -116,11 +118,11 @@ class ToolExecutor:
                 message = f"unknown tool '{call.name}'; available tools: {listing}"
                 return self._result(call, "unknown_tool", _error_json(message), started)
             tool = self.tools[call.name]
-            problems = validate_arguments(tool.parameters, call.arguments)
-            if problems:
-                message = f"bad arguments for '{call.name}': " + "; ".join(problems)
+            arguments = tool.accept(call.arguments)
+            if isinstance(arguments, list):
+                message = f"bad arguments for '{call.name}': " + "; ".join(arguments)
                 return self._result(call, "bad_arguments", _error_json(message), started)
-            return _Run(call, tool)
+            return _Run(call, tool, arguments)
         except Exception as err:  # a malformed call object or schema must not escape the executor
             return self._result(call, "error", _error_json(_describe(err)), started)
 

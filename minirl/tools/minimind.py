@@ -3,6 +3,20 @@
 Weather comes from a stable hash of the city, time from a fixed reference clock shifted by a
 fixed offset table, exchange rates and translations from fixed tables. The tables are public
 so task generators can ask questions the tools can answer.
+
+Each tool offers its own schema (every argument required, no other allowed) and also accepts the
+interface MiniMind's TOOLS declare (its trainer/train_agent.py), so rows written for MiniMind run
+as they are; arguments are checked as strictly under either:
+
+    get_current_weather(city)       also MiniMind's (location)
+    get_current_time(timezone)      also MiniMind's (timezone optional, default Asia/Shanghai)
+    unit_converter(value, from_unit, to_unit)
+                                    also MiniMind's unit names, in any case as MiniMind lower-cases
+                                    them: km, miles, kg, pounds, meters, feet, celsius, fahrenheit
+    calculate_math(expression)      MiniMind's rewrites too: 2^10, 256 × 37, 100 ÷ 4, 3 − 1,
+                                    （3+4）*2, math.sqrt(144) (minirl/tools/safe_math.py)
+
+The other two take MiniMind's arguments already. The values their tables know are minirl's.
 """
 
 from __future__ import annotations
@@ -11,7 +25,7 @@ import math
 import zlib
 
 from minirl.config import MINIMIND_TOOL_NAMES
-from minirl.tools.base import TOOLS, Tool, ToolError
+from minirl.tools.base import TOOLS, Spelling, Tool, ToolError
 from minirl.tools.safe_math import evaluate, format_number
 
 __all__ = ["MINIMIND_TOOL_NAMES"]  # the names this module registers (defined with the config default)
@@ -33,6 +47,17 @@ UNITS: dict[str, tuple[str, float, float]] = {
     "C": ("temperature", 1.0, 273.15),
     "F": ("temperature", 5 / 9, 273.15 - 32 * 5 / 9),
     "K": ("temperature", 1.0, 0.0),
+}
+# MiniMind's unit names (its UNIT_DATA keys, read lower-cased) -> ours
+MINIMIND_UNITS: dict[str, str] = {
+    "km": "km",
+    "miles": "mile",
+    "kg": "kg",
+    "pounds": "lb",
+    "meters": "m",
+    "feet": "ft",
+    "celsius": "C",
+    "fahrenheit": "F",
 }
 
 WEATHER_CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "foggy")
@@ -116,6 +141,11 @@ def _one_of(value: str, known, what: str) -> str:
     return value
 
 
+def _unit(value: str) -> str:
+    """One of UNITS: ours as written, or MiniMind's name for it in any case."""
+    return value if value in UNITS else _one_of(MINIMIND_UNITS.get(value.lower(), value), UNITS, "unit")
+
+
 @TOOLS.register("calculate_math")
 class CalculateMath(Tool):
     name = "calculate_math"
@@ -135,13 +165,9 @@ class UnitConverter(Tool):
     )
 
     def run(self, arguments: dict) -> dict:
-        value = arguments["value"]
-        from_unit, to_unit = (
-            _one_of(arguments["from_unit"], UNITS, "unit"),
-            _one_of(arguments["to_unit"], UNITS, "unit"),
-        )
-        from_dimension, from_scale, from_offset = UNITS[from_unit]
-        to_dimension, to_scale, to_offset = UNITS[to_unit]
+        value, from_unit, to_unit = arguments["value"], arguments["from_unit"], arguments["to_unit"]
+        from_dimension, from_scale, from_offset = UNITS[_unit(from_unit)]
+        to_dimension, to_scale, to_offset = UNITS[_unit(to_unit)]
         if from_dimension != to_dimension:
             raise ToolError(f"cannot convert {from_dimension} ({from_unit}) to {to_dimension} ({to_unit})")
         converted = (value * from_scale + from_offset - to_offset) / to_scale
@@ -155,6 +181,7 @@ class GetCurrentWeather(Tool):
     name = "get_current_weather"
     description = "Get the current weather (Celsius) in a city."
     parameters = _object_schema({"city": {"type": "string"}})
+    spellings = (Spelling(_object_schema({"location": {"type": "string"}}), renamed={"location": "city"}),)
 
     def run(self, arguments: dict) -> dict:
         city = arguments["city"]
@@ -172,6 +199,16 @@ class GetCurrentTime(Tool):
     name = "get_current_time"
     description = "Get the local time in a time zone, e.g. Asia/Tokyo."
     parameters = _object_schema({"timezone": {"type": "string"}})
+    spellings = (  # MiniMind's: the zone may be left out
+        Spelling(
+            {
+                "type": "object",
+                "properties": {"timezone": {"type": "string", "default": "Asia/Shanghai"}},
+                "required": [],
+                "additionalProperties": False,
+            }
+        ),
+    )
 
     def run(self, arguments: dict) -> dict:
         timezone = _one_of(arguments["timezone"], TIMEZONE_OFFSETS, "time zone")
