@@ -22,6 +22,8 @@ from minirl.errors import ConfigError
 
 # A sampling temperature below this decodes greedily, as in vLLM: logits divided by it could overflow float32.
 GREEDY_BELOW = 1e-5
+# what a device key may name (trainer.device, reward.model.device)
+DEVICE_NAMES = r"auto|cpu|mps|cuda(:\d+)?"
 
 
 def _check(ok: bool, key: str, message: str) -> None:
@@ -157,6 +159,38 @@ class ToolsConfig:
         _check(self.max_output_chars > 0, "tools.max_output_chars", "must be > 0")
 
 
+class RewardModelTrajectories(str, Enum):
+    """Which trajectories the reward model scores; the others get 0."""
+
+    no_tool = "no_tool"  # MiniMind: those that answered without calling a tool
+    all = "all"  # every one, its tool calls and results in the conversation the reward model reads
+
+
+@dataclass
+class RewardModelConfig:
+    """A learned reward model whose clipped score is the reward term `rm` (minirl/training/reward_model.py)."""
+
+    # a Hugging Face AutoModelForSequenceClassification with one output (num_labels=1): a hub id or a directory
+    # written by save_pretrained; null = off (the term `rm` is 0). MiniMind used one; none ships with minirl
+    name_or_path: Optional[str] = None
+    trajectories: RewardModelTrajectories = RewardModelTrajectories.no_tool  # no_tool | all
+    clip: float = 3.0  # the score is clipped to [-clip, clip] before it is weighted (MiniMind: 3)
+    batch_size: int = 16  # conversations per forward pass
+    max_tokens: int = 2048  # a longer conversation loses its beginning: the reward model reads the last max_tokens
+    device: str = "auto"  # auto (trainer.device's) | cpu | mps | cuda | cuda:N
+    dtype: DType = DType.float32
+
+    def __post_init__(self) -> None:
+        _check(self.clip > 0, "reward.model.clip", f"must be > 0, got {self.clip}")
+        _check(self.batch_size > 0, "reward.model.batch_size", f"must be > 0, got {self.batch_size}")
+        _check(self.max_tokens > 0, "reward.model.max_tokens", f"must be > 0, got {self.max_tokens}")
+        _check(
+            re.fullmatch(DEVICE_NAMES, self.device) is not None,
+            "reward.model.device",
+            f"must be auto, cpu, mps, cuda or cuda:N, got {self.device!r}",
+        )
+
+
 @dataclass
 class RewardConfig:
     # weight of each registered reward term; every term is logged, weight 0 included
@@ -164,6 +198,7 @@ class RewardConfig:
     clip: float = 3.0  # the weighted sum is clipped to [-clip, clip]
     # registry key: gt_in_answer | boxed_answer; when a trajectory counts as solved (success-rate metrics)
     success: str = "gt_in_answer"
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)  # the term `rm`'s reward model
 
     def __post_init__(self) -> None:
         _check(self.clip > 0, "reward.clip", "must be > 0")
@@ -411,7 +446,7 @@ class TrainerConfig:
         _check(self.keep_last >= 1, "trainer.keep_last", "must be >= 1")
         _check(self.max_bad_steps >= 1, "trainer.max_bad_steps", "must be >= 1")
         _check(
-            re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None,
+            re.fullmatch(DEVICE_NAMES, self.device) is not None,
             "trainer.device",
             f"must be auto, cpu, mps, cuda or cuda:N, got {self.device!r}",
         )

@@ -22,17 +22,16 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
 
 
-def resolve_device(name: str, deterministic: bool = False) -> torch.device:
+def resolve_device(name: str, deterministic: bool = False, key: str = "trainer.device") -> torch.device:
     """`name` (auto: CUDA when there is one) as a torch device; on CUDA, picks the attention kernels.
-    `deterministic`: backward passes must add up in a fixed order (training under trainer.deterministic)."""
+    `deterministic`: backward passes must add up in a fixed order (training under trainer.deterministic).
+    A device this machine lacks is a ConfigError naming `key`."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
     if device.type in available and not available[device.type]():
-        raise ConfigError(
-            f"trainer.device={name}: no {device.type} device here (torch {torch.__version__}); use auto or cpu"
-        )
+        raise ConfigError(f"{key}={name}: no {device.type} device here (torch {torch.__version__}); use auto or cpu")
     if device.type == "cuda":
         choose_cuda_attention(deterministic)
     return device

@@ -55,7 +55,7 @@ from minirl.tools import ToolExecutor
 from minirl.tools.base import check_offered_tools
 from minirl.tracking import Tracker
 from minirl.training import console as lines
-from minirl.training import sync_check
+from minirl.training import reward_model, sync_check
 from minirl.training.batch import PolicyBatch, collate, mini_batch_plan
 from minirl.training.checkpoint import (
     latest_checkpoint,
@@ -98,6 +98,7 @@ class Trainer:
         # no KL to the reference in the loss (beta = 0) nor in the reward: no reference model in memory
         needs_reference = cfg.loss.beta > 0 or cfg.algo.kl_in_reward
         self.reference = load_model(path, cfg, self.device, trainable=False) if needs_reference else None
+        self.reward_model = reward_model.build_reward_model(cfg.reward.model, self.device, cfg.trainer.deterministic)
         self.engine = build_engine(cfg.rollout, self.policy, self.tokenizer, self.device, path)
         self.executor = ToolExecutor.from_config(cfg.tools)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algo.adv_estimator)
@@ -176,8 +177,8 @@ class Trainer:
                 update.update(self.checked_sync(probe))
         t2 = time.perf_counter()
         metrics = {
-            **rollout_metrics(sampled, self.solved), **group_metrics(sampled, trajs, cfg.rollout.group_size),
-            **update, "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/step_s": t2 - t0,
+            **rollout_metrics(sampled, self.solved), **group_metrics(sampled, trajs, cfg.rollout.group_size), **update,
+            "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/step_s": t2 - t0, **self.reward_model.metrics(),
         }  # fmt: skip
         return metrics, trajs
 
@@ -196,7 +197,7 @@ class Trainer:
         size = cfg.rollout.group_size
         return collect_groups(
             rollout=lambda: self.rollout(self.tasks.next(self.prompts_per_round), size, cfg.rollout.temperature),
-            score=lambda trajs: score(trajs, cfg),
+            score=lambda trajs: score(trajs, cfg, self.reward_model),
             guide=lambda trajs: guided(trajs, size, self.reference_answer),
             group_size=size,
             prompts_per_step=cfg.trainer.prompts_per_step,
@@ -251,12 +252,12 @@ class Trainer:
 
     def reference_answer(self, traj: Trajectory) -> Trajectory | None:
         """The reference answer of traj's task, replayed in its group slot and scored (training/shaping.py)."""
-        return replayed(traj, self.tokenizer, self.executor, self.limits, self.cfg)
+        return replayed(traj, self.tokenizer, self.executor, self.limits, self.cfg, self.reward_model)
 
     def log_eval(self, step: int, tracker: Tracker, result: TrainResult) -> None:
         """Held-out metrics at trainer.eval_temperature; after step 0 also the tasks gained and lost since then
         and the sign test's p-value of that split (the chance of one as uneven if every changed task were a
-        coin flip)."""
+        coin flip). The reward model (reward.model) scores no held-out task: `rm` is 0 there."""
         trajs = self.rollout(self.heldout, 1, self.cfg.trainer.eval_temperature)
         score_all(trajs, self.cfg.reward)  # the reward terms alone: no penalty shapes what held-out tasks score
         metrics = heldout_metrics(trajs, self.solved, prefix="eval/")

@@ -266,6 +266,7 @@ def _run_time_error_cases() -> list:
         ("data=jsonl data.path=bad.jsonl", "data error: bad.jsonl:1: not valid JSON"),
         ("model.name_or_path=./no_such_checkpoint", "config error: model.name_or_path: no checkpoint directory"),
         ("model.name_or_path=empty_dir", "config error: model.name_or_path: 'empty_dir' holds no saved model"),
+        ("reward.model.name_or_path=./no_such_rm", "config error: reward.model.name_or_path: no checkpoint directory"),
         ("tools=code", "config error: tools.names: the tasks offer calculate_math, get_current_time, "),
     ]
     if not torch.cuda.is_available():

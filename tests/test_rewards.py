@@ -32,6 +32,7 @@ WEIGHTS = {
     "think_length": 1.0,
     "think_count": 0.25,
     "boxed_answer": 0.0,
+    "rm": 1.0,
 }
 CFG = SimpleNamespace(weights=WEIGHTS, clip=3.0)
 

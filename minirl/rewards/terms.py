@@ -175,6 +175,18 @@ def boxed_answer(traj: Trajectory) -> float:
     return 1.0 if success.boxed_answer(traj) else -1.0
 
 
+# -- learned ----------------------------------------------------------------------------------
+
+
+@REWARD_TERMS.register("rm")
+def rm(traj: Trajectory) -> float:
+    """The reward model's score, clipped to [-reward.model.clip, reward.model.clip]: MiniMind's reward-model
+    bonus. Set on the trajectory (`rm_score`) by minirl/training/reward_model.py before the terms are summed;
+    0 for a trajectory it does not score (reward.model.trajectories), with reward.model off, and in held-out
+    evaluation."""
+    return traj.rm_score
+
+
 # -- scoring -----------------------------------------------------------------------------------
 
 

@@ -53,6 +53,7 @@ class Trajectory:
     finish_reason: TrajectoryEnd | None = None
     reward: float = 0.0
     reward_terms: dict[str, float] = field(default_factory=dict)
+    rm_score: float = 0.0  # the reward model's clipped score (minirl/training/reward_model.py); 0 = not scored
     advantage: float = 0.0  # set by the trainer for the trajectories it learns from
     error: str = ""  # why the policy could not be reached, under TrajectoryEnd.ERROR
     off_policy: bool = False  # the task's reference answer replayed (replay_reference), not sampled

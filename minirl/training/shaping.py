@@ -1,8 +1,9 @@
 """Reward shaping, all in one place: what turns a trajectory's reward terms into the reward its advantage
-sees. In order: the weighted terms (minirl/rewards, clipped by reward.clip), DAPO's soft overlong
-penalty (algo.overlong=penalty), off-policy guidance (algo.guide: a group whose rewards all tie below its
-task's reference answer learns from that answer, scored the same way), and the KL to the reference model
-subtracted from the reward (algo.kl_in_reward).
+sees. In order: the reward model's score (reward.model: the term `rm`, minirl/training/reward_model.py), the
+weighted terms (minirl/rewards, clipped by reward.clip), DAPO's soft overlong penalty (algo.overlong=penalty),
+off-policy guidance (algo.guide: a group whose rewards all tie below its task's reference answer learns from
+that answer, scored the same way), and the KL to the reference model subtracted from the reward
+(algo.kl_in_reward).
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from minirl.rollout.agent_loop import AgentLimits, replay_reference
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
 from minirl.tools import ToolExecutor
 from minirl.training.batch import PolicyBatch
+from minirl.training.reward_model import NO_REWARD_MODEL, RewardModel
 
 
-def score(trajs: list[Trajectory], cfg: Config) -> None:
-    """Set each trajectory's reward and reward terms: the weighted terms, then the overlong penalty."""
+def score(trajs: list[Trajectory], cfg: Config, reward_model: RewardModel = NO_REWARD_MODEL) -> None:
+    """Set each trajectory's reward and reward terms: the reward model's score (none without `reward_model`),
+    the weighted terms, then the overlong penalty."""
+    reward_model.score(trajs)
     score_all(trajs, cfg.reward)
     if cfg.algo.overlong is Overlong.penalty:
         punish_overlong(trajs, cfg.rollout, cfg.algo)
@@ -60,12 +64,18 @@ def guided(
 
 
 def replayed(
-    traj: Trajectory, tokenizer, executor: ToolExecutor, limits: AgentLimits, cfg: Config
+    traj: Trajectory,
+    tokenizer,
+    executor: ToolExecutor,
+    limits: AgentLimits,
+    cfg: Config,
+    reward_model: RewardModel = NO_REWARD_MODEL,
 ) -> Trajectory | None:
-    """The reference answer of traj's task replayed in its group slot and scored (`score`), or None where it
-    cannot guide: the task has none, the chat template cannot split it into turns or refuses it, or the replay
-    did not go as the reference did (it ran into a limit, or a tool rejected or skipped one of its calls, so its
-    answer would not follow from what the tools returned)."""
+    """The reference answer of traj's task replayed in its group slot and scored (`score`, by `reward_model` as
+    the samples it competes with are), or None where it cannot guide: the task has none, the chat template
+    cannot split it into turns or refuses it, or the replay did not go as the reference did (it ran into a
+    limit, or a tool rejected or skipped one of its calls, so its answer would not follow from what the tools
+    returned)."""
     if not traj.task.reference:
         return None
     try:
@@ -75,7 +85,7 @@ def replayed(
     results = [result for turn in guide.turns for result in turn.tool_results]
     if guide.finish_reason is not TrajectoryEnd.ANSWER or any(r.status != "ok" for r in results):
         return None
-    score([guide], cfg)
+    score([guide], cfg, reward_model)
     return guide
 
 
