@@ -487,3 +487,23 @@ def test_train_with_the_off_policy_options_logs_their_metrics(cache_dir, tmp_pat
         assert row["rollout_is/logp_gap_abs_mean"] < 1e-3  # the HF engine and the trainer agree on CPU
         assert row["reward/overlong_penalty"] <= 0.0 and 0.0 < row["entropy"] <= math.log(vocab)
         assert 0.0 <= row["loss/clip_frac_low"] + row["loss/clip_frac_high"] == pytest.approx(row["loss/clip_frac"])
+
+
+MINIMIND_ROWS = Path(__file__).parent / "data" / "minimind_agent_rl.jsonl"
+
+
+def test_rows_written_for_minimind_train_as_they_are(cache_dir, tmp_path):
+    """Rows in MiniMind's agent-RL format (its TOOLS verbatim; `location`, no time zone, its unit names and
+    calculator rewrites in the reference calls) train 3 steps through data=jsonl on the debug model, loaded by
+    path so that no other model is built. The untrained model solves nothing, so each group with a gt learns
+    from its reference answer, which guides only when it replays as written through our tools."""
+    built = model_path(debug_config(cache_dir, tmp_path / "build"), Console(quiet=True))
+    run = tmp_path / "run"
+    cfg = debug_config(
+        cache_dir, run, "data=jsonl", f"data.path={MINIMIND_ROWS}", f"model.name_or_path={built}", "trainer.steps=3",
+        "algo.guide=true", "rollout.max_new_tokens=128", "rollout.max_total_tokens=1536",  # every reference fits
+    )  # fmt: skip
+    result = train(cfg)
+    rows = step_rows(run)
+    assert [r["step"] for r in rows] == [1, 2, 3] and [step for step, _ in result.eval_history] == [0, 1, 2, 3]
+    assert all(r["algo/groups_guided"] >= 1 for r in rows)
