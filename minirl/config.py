@@ -47,6 +47,13 @@ class CallPolicy(str, Enum):
     strict_single = "strict_single"  # ReTool: one call, nothing after it, no empty argument
 
 
+class ThinkingUnit(str, Enum):
+    """What one draw of rollout.thinking_ratio decides."""
+
+    group = "group"  # all samples of a task alike: a group's advantages compare trajectories that saw one prompt
+    trajectory = "trajectory"  # each sample on its own (MiniMind's draw)
+
+
 class PhrasingSet(str, Enum):
     """Which wordings of the synthetic questions a split draws from; the warm start always uses core."""
 
@@ -241,6 +248,11 @@ class RolloutConfig:
     # every this many steps, check that the engine samples from the updated weights (minirl/training/sync_check.py):
     # one sequence scored by the engine and by the trainer before and after the update; 0 = off
     sync_check_every: int = 10
+    # MiniMind's open_thinking: the share of training trajectories rendered with the chat template's thinking on
+    # (enable_thinking=true; the rest false), drawn per thinking_unit from the run's RNG; null = no draw, the
+    # template kwargs as model.chat_template_kwargs set them (held-out evaluation always renders so)
+    thinking_ratio: Optional[float] = None
+    thinking_unit: ThinkingUnit = ThinkingUnit.group  # group | trajectory
 
     def __post_init__(self) -> None:
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1")
@@ -256,6 +268,8 @@ class RolloutConfig:
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.top_k >= 0, "rollout.top_k", "must be >= 0")
         _check(self.sync_check_every >= 0, "rollout.sync_check_every", "must be >= 0 (0 = off)")
+        ratio = self.thinking_ratio
+        _check(ratio is None or 0 <= ratio <= 1, "rollout.thinking_ratio", f"must be in [0, 1] or null, got {ratio}")
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
         _check(
             self.max_model_len == 0 or self.max_model_len > self.max_new_tokens,

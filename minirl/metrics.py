@@ -50,7 +50,21 @@ def rollout_metrics(trajs: list[Trajectory], solved: SuccessCriterion, prefix: s
     ended = Counter(t.finish_reason for t in trajs)
     for reason in TrajectoryEnd:
         out[f"rollout/finish_{reason.value}"] = ended[reason] / len(trajs)
+    out.update(thinking_metrics(trajs, solved))
     return {prefix + k: v for k, v in out.items()}
+
+
+def thinking_metrics(trajs: list[Trajectory], solved: SuccessCriterion) -> dict[str, float]:
+    """Under rollout.thinking_ratio: the share of trajectories rendered with thinking on, and the success rate of
+    those with it on and of those with it off (0 when there are none); nothing when no trajectory was drawn."""
+    drawn = [t for t in trajs if t.thinking is not None]
+    if not drawn:
+        return {}
+    out = {"rollout/thinking_frac": fmean(float(t.thinking) for t in drawn)}
+    for on, key in ((True, "rollout/success_rate_thinking"), (False, "rollout/success_rate_no_thinking")):
+        side = [float(solved(t)) for t in drawn if t.thinking is on]
+        out[key] = fmean(side) if side else 0.0
+    return out
 
 
 def success_by_kind(trajs: list[Trajectory], solved: SuccessCriterion, prefix: str) -> dict[str, float]:

@@ -45,10 +45,11 @@ from minirl.inspection import (
 )
 from minirl.metrics import advantage_metrics, group_metrics, heldout_metrics, paired_split, rollout_metrics, sign_test_p
 from minirl.models.loading import load_model, load_tokenizer
-from minirl.protocol.chat import template_fit
+from minirl.protocol.chat import template_fit, thinking_views
 from minirl.rewards import SUCCESS_CRITERIA, score_all
 from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import build_engine
+from minirl.rollout.thinking import draw_thinking
 from minirl.rollout.trajectory import Trajectory
 from minirl.runtime import resolve_device, seed_everything
 from minirl.tools import ToolExecutor
@@ -94,6 +95,8 @@ class Trainer:
         )
         self.tasks = TaskQueue(dataset.train, cfg.trainer.seed)
         self.tokenizer = load_tokenizer(path, cfg)
+        if cfg.rollout.thinking_ratio is not None:  # a template without a thinking switch fails here, not at step 1
+            thinking_views(self.tokenizer)
         self.policy = load_model(path, cfg, self.device)
         # no KL to the reference in the loss (beta = 0) nor in the reward: no reference model in memory
         needs_reference = cfg.loss.beta > 0 or cfg.algo.kl_in_reward
@@ -196,7 +199,7 @@ class Trainer:
         cfg = self.cfg
         size = cfg.rollout.group_size
         return collect_groups(
-            rollout=lambda: self.rollout(self.tasks.next(self.prompts_per_round), size, cfg.rollout.temperature),
+            rollout=lambda: self.rollout(self.tasks.next(self.prompts_per_round), size, cfg.rollout.temperature, True),
             score=lambda trajs: score(trajs, cfg, self.reward_model),
             guide=lambda trajs: guided(trajs, size, self.reference_answer),
             group_size=size,
@@ -243,11 +246,14 @@ class Trainer:
         hint = "lower trainer.micro_batch_size (gradients accumulate to the same update) or rollout.max_total_tokens"
         return reported_out_of_memory(phase, rows, longest, hint)
 
-    def rollout(self, tasks: list[Task], group_size: int, temperature: float) -> list[Trajectory]:
-        sampling = SamplingParams.from_config(self.cfg.rollout, temperature)
+    def rollout(self, tasks: list[Task], group_size: int, temperature: float, train: bool = False) -> list[Trajectory]:
+        """`group_size` trajectories per task; a training one draws which render with thinking on (thinking_ratio)."""
+        r = self.cfg.rollout
+        thinking = draw_thinking(r.thinking_ratio, r.thinking_unit, len(tasks), group_size) if train else None
         self.policy.eval()  # no dropout while sampling
+        sampling, protocol = SamplingParams.from_config(r, temperature), self.cfg.protocol
         return run_agent(
-            self.engine, self.tokenizer, self.executor, tasks, group_size, self.limits, sampling, self.cfg.protocol
+            self.engine, self.tokenizer, self.executor, tasks, group_size, self.limits, sampling, protocol, thinking
         )
 
     def reference_answer(self, traj: Trajectory) -> Trajectory | None:

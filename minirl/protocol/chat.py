@@ -32,6 +32,7 @@ tokenizer (`set_template_kwargs`), and a call may add its own.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -72,6 +73,28 @@ def set_template_kwargs(tokenizer, kwargs: Mapping[str, Any]) -> None:
 def template_kwargs(tokenizer, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The tokenizer's chat template kwargs (set_template_kwargs), with `extra` (a request's) over them."""
     return {**getattr(tokenizer, TEMPLATE_KWARGS, {}), **(extra or {})}
+
+
+def with_template_kwargs(tokenizer, **kwargs: Any):
+    """A shallow copy of `tokenizer` whose renders pass `kwargs` over its own template kwargs; the vocabulary and
+    the tokenizer backend are shared, not copied."""
+    view = copy.copy(tokenizer)
+    set_template_kwargs(view, template_kwargs(tokenizer, kwargs))
+    return view
+
+
+def thinking_views(tokenizer) -> dict[bool, Any]:
+    """{True: `tokenizer` rendering with enable_thinking=true, False: with false}. Raises ConfigError when the
+    template has no such switch: both render the same generation prompt."""
+    views = {on: with_template_kwargs(tokenizer, enable_thinking=on) for on in (True, False)}
+    probe = [{"role": "user", "content": PLACEHOLDER}]
+    prompts = [render(view, probe, None, add_generation_prompt=True) for view in views.values()]
+    if prompts[0] == prompts[1]:
+        raise ConfigError(
+            "rollout.thinking_ratio: the chat template renders the same prompt with enable_thinking true and false, "
+            "so it has no thinking switch to draw; leave rollout.thinking_ratio at null"
+        )
+    return views
 
 
 def render(

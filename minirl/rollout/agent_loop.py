@@ -10,12 +10,20 @@ cut to `protocol.max_tool_output_tokens` tokens.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from minirl.config import ProtocolConfig, RolloutConfig
 from minirl.data.task import Task
-from minirl.protocol.chat import assistant_turn, next_prompt, render, require_tool_rounds, turn_deltas
+from minirl.protocol.chat import (
+    assistant_turn,
+    next_prompt,
+    render,
+    require_tool_rounds,
+    thinking_views,
+    turn_deltas,
+)
 from minirl.protocol.observation import tool_messages
 from minirl.protocol.parsing import TurnKind, parse_turn
 from minirl.rollout.engine import Completion, Engine, SamplingParams
@@ -37,11 +45,13 @@ class AgentLimits:
 
 @dataclass
 class _Live:
-    """What a trajectory needs between turns: its token prompt and its semantic history."""
+    """What a trajectory needs between turns: its token prompt, its semantic history and the tokenizer it renders
+    with (thinking on or off: a view of the run's, chat.thinking_views)."""
 
     traj: Trajectory
     prompt: list[int]
-    history: list[dict] = field(default_factory=list)
+    history: list[dict]
+    tokenizer: Any
 
 
 def _tool_names(task: Task) -> list[str]:
@@ -65,20 +75,29 @@ def run_agent(
     limits: AgentLimits,
     sampling: SamplingParams,
     protocol: ProtocolConfig,
+    thinking: Sequence[bool] | None = None,
 ) -> list[Trajectory]:
     """`group_size` trajectories per task; trajectories of one task are contiguous. `protocol` says
-    how calls are read (format, call policy) and how many tokens of each tool result the model sees. A task
-    whose first prompt alone fills limits.max_total_tokens samples nothing: its trajectories end at once
-    (TOKEN_BUDGET, no response tokens). A chat template that cannot build limits.max_turns - 1 tool rounds in a
-    row raises ConfigError before anything is sampled (require_tool_rounds)."""
-    require_tool_rounds(tokenizer, limits.max_turns - 1)
+    how calls are read (format, call policy) and how many tokens of each tool result the model sees. `thinking`,
+    one per trajectory (rollout/thinking.py), says whether it renders with the template's thinking on; it is
+    recorded on the trajectory. A task whose first prompt alone fills limits.max_total_tokens samples nothing: its
+    trajectories end at once (TOKEN_BUDGET, no response tokens). A chat template that cannot build
+    limits.max_turns - 1 tool rounds in a row raises ConfigError before anything is sampled (require_tool_rounds)."""
+    views = {None: tokenizer} if thinking is None else thinking_views(tokenizer)
+    for view in views.values():
+        require_tool_rounds(view, limits.max_turns - 1)
+    flags = [None] * (len(tasks) * group_size) if thinking is None else list(thinking)
     live: list[_Live] = []
     for index, task in enumerate(tasks):
-        prompt = render(tokenizer, task.messages, task.tools, add_generation_prompt=True)
-        for _ in range(group_size):
-            live.append(_Live(Trajectory(task, index, list(prompt)), list(prompt), list(task.messages)))
+        prompts = {
+            on: render(view, task.messages, task.tools, add_generation_prompt=True) for on, view in views.items()
+        }
+        for on in flags[index * group_size : (index + 1) * group_size]:
+            prompt = prompts[on]
+            traj = Trajectory(task, index, list(prompt), thinking=on)
+            live.append(_Live(traj, list(prompt), list(task.messages), views[on]))
             if len(prompt) >= limits.max_total_tokens:
-                live[-1].traj.finish_reason = TrajectoryEnd.TOKEN_BUDGET
+                traj.finish_reason = TrajectoryEnd.TOKEN_BUDGET
     trajectories = [s.traj for s in live]
     for turn_index in range(limits.max_turns):
         live = [s for s in live if not s.traj.done]
@@ -86,7 +105,7 @@ def run_agent(
             break
         completions = engine.generate([s.prompt for s in live], sampling)
         for state, completion in zip(live, completions):
-            _advance(state, completion, turn_index, tokenizer, engine.end_ids, executor, limits, protocol)
+            _advance(state, completion, turn_index, state.tokenizer, engine.end_ids, executor, limits, protocol)
     return trajectories
 
 
@@ -169,13 +188,17 @@ def replay_reference(
     executor: ToolExecutor,
     limits: AgentLimits,
     protocol: ProtocolConfig,
+    thinking: bool | None = None,
 ) -> Trajectory:
     """The task's reference answer played through the agent loop as if the policy had sampled it: each
     reference assistant message becomes the tokens the chat template renders for it (end-of-turn token
     included), parsed, its calls run by the executor, and the observations appended token-in / token-out,
-    as in run_agent. Its sampler log-probs are 0: no sampler drew it (`off_policy` is set)."""
+    as in run_agent, with the template's thinking on or off as `thinking` says (None: as configured). Its
+    sampler log-probs are 0: no sampler drew it (`off_policy` is set)."""
+    tokenizer = tokenizer if thinking is None else thinking_views(tokenizer)[thinking]
     prompt = render(tokenizer, task.messages, task.tools, add_generation_prompt=True)
-    state = _Live(Trajectory(task, group_index, list(prompt), off_policy=True), list(prompt), list(task.messages))
+    traj = Trajectory(task, group_index, list(prompt), off_policy=True, thinking=thinking)
+    state = _Live(traj, list(prompt), list(task.messages), tokenizer)
     replies = [m for m in task.reference if m["role"] == "assistant"]
     for turn_index, message in enumerate(replies[: limits.max_turns]):
         _, tokens = assistant_turn(tokenizer, [*state.history, message], task.tools)

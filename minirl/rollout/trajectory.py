@@ -57,6 +57,7 @@ class Trajectory:
     advantage: float = 0.0  # set by the trainer for the trajectories it learns from
     error: str = ""  # why the policy could not be reached, under TrajectoryEnd.ERROR
     off_policy: bool = False  # the task's reference answer replayed (replay_reference), not sampled
+    thinking: bool | None = None  # its render's thinking on/off (rollout.thinking_ratio); None: not drawn
 
     @property
     def done(self) -> bool:

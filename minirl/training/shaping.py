@@ -79,7 +79,9 @@ def replayed(
     if not traj.task.reference:
         return None
     try:
-        guide = replay_reference(traj.task, traj.group_index, tokenizer, executor, limits, cfg.protocol)
+        guide = replay_reference(
+            traj.task, traj.group_index, tokenizer, executor, limits, cfg.protocol, thinking=traj.thinking
+        )
     except (TemplateError, jinja2.TemplateError):  # the template refuses it (Llama 3's: two calls in a turn)
         return None
     results = [result for turn in guide.turns for result in turn.tool_results]
