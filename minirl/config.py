@@ -9,6 +9,7 @@ composed config once with `OmegaConf.to_object`; below that, code gets typed dat
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import re
 from dataclasses import dataclass, field
@@ -144,6 +145,9 @@ class SandboxConfig:
     # without unprivileged namespaces nothing but an in-process audit hook stands between the code and the
     # machine's files: code_interpreter refuses to start there unless this is true
     allow_unconfined: bool = False
+    # installed top-level packages the code may import besides the standard library, e.g. [numpy, sympy], each with
+    # the packages it requires; their files are readable (in namespaces bound read-only into the run's root)
+    packages: List[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for key in ("workers", "cpu_s", "file_mb", "processes"):
@@ -151,6 +155,13 @@ class SandboxConfig:
         _check(self.memory_mb >= 64, "tools.sandbox.memory_mb", "must be >= 64 (the interpreter needs about 20)")
         _check(self.open_files >= 16, "tools.sandbox.open_files", "must be >= 16 (the interpreter needs a few)")
         _check(self.max_output_chars >= 200, "tools.sandbox.max_output_chars", "must be >= 200 (room for markers)")
+        for name in self.packages:
+            spec = importlib.util.find_spec(name) if name.isidentifier() else None
+            _check(
+                spec is not None and spec.has_location,
+                "tools.sandbox.packages",
+                f"{name!r} is not an installed top-level package or module (numpy, not numpy.linalg)",
+            )
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The code_interpreter sandbox under attack. Every case checks that the code was contained and that
 this process, standing in for the trainer, was untouched: it is alive, its memory did not grow, no
-sandbox process is left running and no run directory is left on disk."""
+sandbox process is left running and no run directory is left on disk. The attacks run in each mode with
+and without installed packages the code may import (tools.sandbox.packages): the same containment."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from importlib import util
 from pathlib import Path
 
 import pytest
@@ -31,23 +33,37 @@ LIMITS = SandboxConfig(workers=2, cpu_s=1, memory_mb=256, file_mb=1, open_files=
 CFG = ToolsConfig(names=["code_interpreter"], timeout_s=2.0, max_output_chars=4096, sandbox=LIMITS)
 UNCONFINED = dataclasses.replace(CFG, sandbox=dataclasses.replace(LIMITS, allow_unconfined=True))
 KILL_S = 1.8  # 90% of timeout_s
+PACKAGES = ["numpy", "sympy"]  # what the code may import in the "+packages" modes
 
 
 def executor_for(cfg: ToolsConfig) -> ToolExecutor:
     return ToolExecutor(build_tools(cfg.names, cfg), cfg.timeout_s, cfg.max_output_chars)
 
 
-@pytest.fixture(params=["namespaces", "no_namespaces"])
+def confined(confinement: str, patch: pytest.MonkeyPatch, cfg: ToolsConfig) -> ToolsConfig:
+    """`cfg` for runs in namespaces (skipped where this machine refuses them) or without them (patched off)."""
+    if confinement == "no_namespaces":
+        patch.setattr(sandbox, "namespace_prefix", lambda: ())
+        patch.setattr(code_interpreter, "namespace_prefix", lambda: ())
+        return dataclasses.replace(cfg, sandbox=dataclasses.replace(cfg.sandbox, allow_unconfined=True))
+    if not sandbox.namespace_prefix():
+        pytest.skip("unprivileged namespaces are not available here")
+    return cfg
+
+
+@pytest.fixture(params=["namespaces", "no_namespaces", "namespaces+packages", "no_namespaces+packages"])
 def executor(request) -> ToolExecutor:
     """Each case runs inside the kernel namespaces (where this machine allows them) and without them,
-    as on machines that refuse them, where the limits and the audit hook contain the code alone."""
+    as on machines that refuse them, where the limits and the audit hook contain the code alone; and both
+    again with PACKAGES importable, their files (and their requirements') readable."""
+    confinement, _, packages = request.param.partition("+")
+    cfg = dataclasses.replace(CFG, sandbox=dataclasses.replace(LIMITS, packages=PACKAGES)) if packages else CFG
     with pytest.MonkeyPatch.context() as patch:
-        if request.param == "no_namespaces":
-            patch.setattr(sandbox, "namespace_prefix", lambda: ())
-            patch.setattr(code_interpreter, "namespace_prefix", lambda: ())
-        elif not sandbox.namespace_prefix():
-            pytest.skip("unprivileged namespaces are not available here")
-        yield executor_for(UNCONFINED if request.param == "no_namespaces" else CFG)
+        yield executor_for(confined(confinement, patch, cfg))
+
+
+def with_packages(executor: ToolExecutor) -> bool:
+    return bool(executor.tools["code_interpreter"].limits.packages)
 
 
 def sandbox_processes() -> list[int]:
@@ -280,6 +296,7 @@ def test_the_environment_is_built_from_scratch(executor, monkeypatch):
     status, text = call(executor, "import os\nprint(sorted(os.environ), os.environ.get('MINIRL_TEST_SECRET'))")
     assert status == "ok" and "hunter2" not in text
     keys = ["HOME", "LANG", "PATH", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUNBUFFERED", "TMPDIR"]
+    keys = sorted([*keys, "MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"])  # one thread each
     assert text == f"{keys} None\n"
     for pid in ("os.getppid()", str(os.getpid())):  # the parent's and this process's environment
         status, text = call(executor, f"import os\nprint(open(f'/proc/{{{pid}}}/environ').read())")
@@ -329,16 +346,19 @@ SWITCH_OFF_THE_WHOLE_HOOK = (  # every event passes: what a CPython exploit insi
         "import os\nos.mkfifo({target!r})",  # raises no audit event
     ],
 )
-@pytest.mark.parametrize("where", ["/", "/dev", "the standard library", "the shared libraries"])
+@pytest.mark.parametrize("where", ["/", "/dev", "the standard library", "the shared libraries", "a package"])
 def test_in_namespaces_nothing_is_written_outside_even_with_the_audit_hook_switched_off(executor, code, where):
     if not sandbox.namespace_prefix():
         pytest.skip("runs without namespaces: the audit hook alone keeps writes in the working directory")
-    folder = {"the standard library": os.path.dirname(os.__file__), "the shared libraries": "/usr/lib"}.get(
-        where, where
-    )
-    target = os.path.join(folder, f"minirl-test-{os.getpid()}")
+    folders = {
+        "the standard library": os.path.dirname(os.__file__),
+        "the shared libraries": "/usr/lib",
+        "a package": util.find_spec("numpy").submodule_search_locations[0],
+    }
+    target = os.path.join(folders.get(where, where), f"minirl-test-{os.getpid()}")
     status, text = call(executor, SWITCH_OFF_THE_HOOK + code.format(target=target))
-    assert status == "error" and "Read-only file system" in text
+    bound = where != "a package" or with_packages(executor)  # else not in the run's root at all
+    assert status == "error" and ("Read-only file system" if bound else "No such file or directory") in text
     assert not os.path.exists(target)
 
 
@@ -420,7 +440,7 @@ def test_without_namespaces_the_standard_library_stays_readable(executor):
     assert (status, text) == ("ok", 'r"""JSON (JavaScript 1\n')
     status, text = call(executor, "print(open('/etc/hostname').read())")
     assert status == "error"
-    expected = "No such file" if sandbox.namespace_prefix() else "(outside the working directory and the standard"
+    expected = "No such file" if sandbox.namespace_prefix() else "(outside the working directory, the standard library"
     assert expected in text
 
 
@@ -436,7 +456,28 @@ def test_every_extension_module_the_interpreter_has_imports_in_the_sandbox(execu
     assert status == "ok" and len(names) > 20
     failed = {name: error for name, error in json.loads(text).items() if name not in json.loads(plain.stdout)}
     assert {name for name, error in failed.items() if "not allowed in this sandbox" not in error} == set()
-    assert "_posixsubprocess" in failed  # refused by the hook, not missing
+    if not with_packages(executor):
+        assert "_posixsubprocess" in failed  # refused by the hook, not missing
+    else:  # a stand-in, for subprocess to import (sympy imports it): it creates no process either
+        status, text = call(executor, "import _posixsubprocess\n_posixsubprocess.fork_exec()")
+        assert status == "error" and "creating a process is not allowed in this sandbox" in text
+
+
+@pytest.mark.parametrize("confinement", ["namespaces", "no_namespaces"])
+def test_listed_packages_import_with_their_requirements_and_nothing_else_does(confinement, monkeypatch):
+    limits = dataclasses.replace(LIMITS, cpu_s=10, memory_mb=512)  # what numpy and sympy take to load
+    cfg = confined(confinement, monkeypatch, dataclasses.replace(CFG, timeout_s=30.0, sandbox=limits))
+    listed = executor_for(dataclasses.replace(cfg, sandbox=dataclasses.replace(cfg.sandbox, packages=PACKAGES)))
+    code = "import numpy, sympy, mpmath\nprint(numpy.arange(5).sum(), sympy.factorint(2**20 - 1), mpmath.mpf(1) / 4)"
+    assert call(listed, code) == ("ok", "10 {3: 1, 5: 2, 11: 1, 31: 1, 41: 1} 0.25\n")  # mpmath: sympy requires it
+    for module in PACKAGES:
+        status, text = call(executor_for(cfg), f"import {module}")
+        assert status == "error" and f"ModuleNotFoundError: No module named '{module}'" in text
+    # the rest of the trainer's packages stays out of reach, to import or to read
+    status, text = call(listed, "import torch")
+    assert status == "error" and "ModuleNotFoundError: No module named 'torch'" in text
+    status, text = call(listed, f"print(open({util.find_spec('torch').origin!r}).read())")
+    assert status == "error" and ("No such file" if confinement == "namespaces" else "not allowed in this") in text
 
 
 def test_code_interpreter_refuses_to_start_without_namespaces_unless_allowed(monkeypatch):
@@ -564,7 +605,14 @@ def test_the_code_tools_option_composes():
 
 @pytest.mark.parametrize(
     "override",
-    ["tools.sandbox.workers=0", "tools.sandbox.cpu_s=0", "tools.sandbox.memory_mb=8", "tools.sandbox.open_files=2"],
+    [
+        "tools.sandbox.workers=0",
+        "tools.sandbox.cpu_s=0",
+        "tools.sandbox.memory_mb=8",
+        "tools.sandbox.open_files=2",
+        "tools.sandbox.packages=[numpy,no_such_package_anywhere]",
+        "tools.sandbox.packages=[numpy.linalg]",  # a top-level name, as `import` takes it
+    ],
 )
 def test_bad_sandbox_limits_name_the_key(override):
     with pytest.raises(ConfigError, match=override.split("=")[0]):

@@ -5,7 +5,8 @@
 
 Every run gets a new temporary directory, removed afterwards: `work/` (holding the code as `main.py`)
 and the two files that capture stdout and stderr. The interpreter is `sys.executable -B -s -S` (no
-site-packages: the standard library only), started in a new session with an environment built from
+site-packages: the standard library only, and the installed packages `tools.sandbox.packages` lists, each
+with the packages it requires: `importable`), started in a new session with an environment built from
 scratch, no stdin and no inherited descriptors. Containment, from the kernel inwards:
 
 - namespaces, when this machine allows them unprivileged (`unshare --user --net --pid --mount-proc`,
@@ -13,11 +14,13 @@ scratch, no stdin and no inherited descriptors. Containment, from the kernel inw
   and when the run ends the kernel kills everything it started. The run pivots into a root of its own
   (`sandbox_child.enter_own_root`): an empty tmpfs with the standard library and the system's shared
   libraries bound read-only, a few device nodes, its own /proc, and the working directory
-  `/sandbox` (also HOME and TMPDIR), a fresh tmpfs of `file_mb`; the trainer's home, /tmp and every
+  `/sandbox` (also HOME and TMPDIR), a fresh tmpfs of `file_mb`; the listed packages' files are bound
+  read-only like the standard library, each at its own path; the trainer's home, /tmp and every
   other file of the machine are not there at all. It then drops every capability, so nothing can be
   remounted, and (where the kernel lets it) no nested user namespace can be made;
 - without namespaces, `code_interpreter` refuses to start unless `tools.sandbox.allow_unconfined`;
-  then the audit hook alone keeps reads in the working directory and the standard library;
+  then the audit hook alone keeps reads in the working directory, the standard library and the listed
+  packages' files;
 - resource limits the interpreter sets on itself before the code runs (`sandbox_child.py`): CPU
   seconds, address space, file size (stdout and stderr are files, so this bounds them on disk),
   open files, processes, no core dumps;
@@ -30,10 +33,13 @@ At most `4 * max_output_chars` bytes of each stream are ever read back into this
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import json
 import math
 import os
+import re
 import select
 import shutil
 import signal
@@ -41,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from importlib import metadata, util
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,6 +59,7 @@ if TYPE_CHECKING:
 CHILD = Path(__file__).with_name("sandbox_child.py")
 _NAMESPACES = ("--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount-proc")
 _CUT_MARKER = "\n...[{stream} cut: {size} bytes in all]...\n"
+_REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # the distribution a Requires-Dist line names
 
 
 @dataclass
@@ -79,11 +87,56 @@ def namespace_prefix() -> tuple[str, ...]:
         limits = (5, 256 << 20, 1 << 20, 64, 64, 10, 1, -1)
         try:
             probe = subprocess.run(
-                [*command, *_interpreter(), *map(str, limits)], cwd=work, capture_output=True, timeout=10
+                [*command, *_interpreter(), *map(str, limits), json.dumps(importable(()))],
+                cwd=work,
+                capture_output=True,
+                timeout=10,
             )
         except (OSError, subprocess.TimeoutExpired):
             return ()
     return command if probe.returncode == 0 else ()
+
+
+def _distribution_key(name: str) -> str:
+    """A distribution's name as packaging normalises it (PEP 503): `Foo_Bar.baz` -> `foo-bar-baz`."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@functools.cache
+def _installed() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """(top-level name -> the distributions that install it, distribution key -> the top-level names it installs)."""
+    installers = metadata.packages_distributions()
+    provides = collections.defaultdict(list)
+    for top, distributions in installers.items():
+        for distribution in distributions:
+            provides[_distribution_key(distribution)].append(top)
+    return installers, provides
+
+
+@functools.cache
+def importable(names: tuple[str, ...]) -> dict:
+    """What sandbox_child.py's PACKAGES says for the installed top-level packages `names` (tools.sandbox.packages)
+    and, transitively, those their distributions require (extras left out; a requirement not installed here is
+    left out too): `modules`, {name: [its file, its package directories or None]}, and `trees`, the real paths of
+    each one's file or directories and of every other top-level entry its distribution installed (numpy.libs:
+    the shared libraries numpy's extension modules load)."""
+    modules, trees, todo = {}, set(), list(names)
+    while todo:
+        name = todo.pop()
+        spec = None if name in modules else util.find_spec(name)
+        if spec is None or not spec.has_location:  # done already, not installed, or built into the interpreter
+            continue
+        locations = [os.path.realpath(p) for p in spec.submodule_search_locations or []]
+        modules[name] = [os.path.realpath(spec.origin), locations or None]
+        trees.update(locations or [modules[name][0]])
+        installers, provides = _installed()
+        for distribution in map(metadata.distribution, installers.get(name, [])):
+            tops = {file.parts[0] for file in distribution.files or []} - {"..", "__pycache__"}  # not bin/, not shared
+            trees.update(os.path.realpath(distribution.locate_file(top)) for top in tops)
+            for requirement in distribution.requires or []:
+                if "extra" not in requirement.partition(";")[2]:
+                    todo += provides[_distribution_key(_REQUIREMENT_NAME.match(requirement)[0])]
+    return {"modules": modules, "trees": sorted(trees)}
 
 
 def _interpreter() -> list[str]:
@@ -101,6 +154,10 @@ def _environment(home: str) -> dict[str, str]:
         "PYTHONHASHSEED": "0",  # the same code prints sets and dicts in the same order
         "PYTHONUNBUFFERED": "1",  # what was printed before a kill is on disk
         "PYTHONIOENCODING": "utf-8:backslashreplace",
+        # one thread per numerical library (numpy's OpenBLAS would start one per core, each eating address space)
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
     }
 
 
@@ -110,7 +167,7 @@ def _command(limits: SandboxConfig, timeout_s: float, report_fd: int) -> list[st
     namespaces = namespace_prefix()
     # in namespaces the run gets a root of its own; the init reports how the worker ended on report_fd
     arguments = (*rlimits, math.ceil(timeout_s), int(bool(namespaces)), report_fd)
-    return [*namespaces, *_interpreter(), *map(str, arguments)]
+    return [*namespaces, *_interpreter(), *map(str, arguments), json.dumps(importable(tuple(limits.packages)))]
 
 
 def _wait_then_kill(proc: subprocess.Popen, timeout_s: float) -> bool:

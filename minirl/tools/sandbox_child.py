@@ -1,8 +1,11 @@
 """What a sandboxed interpreter runs first: `python -B -s -S sandbox_child.py CPU_S AS FSIZE NOFILE NPROC WALL_S
-CONTAIN REPORT_FD`, CONTAIN 1 when it runs in its own namespaces (`enter_own_root` then runs first; 0:
-the audit hook also confines reads), REPORT_FD a pipe for how the worker ended (-1: none).
+CONTAIN REPORT_FD PACKAGES`, CONTAIN 1 when it runs in its own namespaces (`enter_own_root` then runs first; 0:
+the audit hook also confines reads), REPORT_FD a pipe for how the worker ended (-1: none), PACKAGES a JSON object:
+`modules`, {top-level name: [its file, its package directories or null]} the code may import besides the standard
+library (tools.sandbox.packages), and `trees`, the files and directories they are read from.
 
-Standard library only: the interpreter starts without site-packages, so minirl is not importable.
+Standard library only: the interpreter starts without site-packages, so minirl is not importable, and nothing
+outside the standard library is unless PACKAGES names it (`Packages`, a finder that knows only those names).
 
 The process forks once. The parent stays as a tiny init (pid 1 of the run's pid namespace when
 there is one: it ignores signals sent from inside, and when it exits the kernel kills whatever
@@ -17,14 +20,16 @@ The audit hook (PEP 578) refuses: creating processes, signalling other processes
 ctypes, changing resource limits, changing permissions or making links, writing, deleting or
 renaming anything outside the working directory, opening a directory outside it (a `dir_fd`
 could otherwise reach out), reading another process's `/proc/<pid>`, and, without namespaces,
-reading or listing anything outside the working directory and the standard library. A hook runs
+reading or listing anything outside the working directory, the standard library and PACKAGES' trees. A hook runs
 inside the process it guards, so it stops mistakes and casual escapes, not a determined exploit of
 CPython: in namespaces the run's own root and its lack of capabilities are the boundary.
 """
 
 import contextlib
 import errno
+import importlib.util
 import itertools
+import json
 import os
 import posix
 import re
@@ -33,6 +38,7 @@ import runpy
 import signal
 import sys
 import traceback
+import types
 
 SCRIPT = "main.py"
 
@@ -116,12 +122,12 @@ def _mount_points() -> list[tuple[str, int]]:
     return points
 
 
-def _bound_paths() -> list[str]:
+def _bound_paths(packages: list[str]) -> list[str]:
     """What the run's root holds of this machine, read-only: the directories of the standard library (the
-    interpreter runs without site-packages) and the system's shared libraries, each at its own path and never
-    its parent's (a virtual environment may live in a home directory); a path under one already bound is left
-    to it."""
-    paths = sorted({os.path.abspath(p) for p in [*sys.path[1:], *_SYSTEM_PATHS] if os.path.lexists(p)})
+    interpreter runs without site-packages), the system's shared libraries and the `packages` trees, each at its
+    own path and never its parent's (a virtual environment may live in a home directory); a path under one
+    already bound is left to it."""
+    paths = sorted({os.path.abspath(p) for p in [*sys.path[1:], *_SYSTEM_PATHS, *packages] if os.path.lexists(p)})
     kept: list[str] = []
     for path in paths:
         if not any(path.startswith(k + os.sep) for k in kept):
@@ -168,10 +174,10 @@ class _Libc:
         self.check(self.libc.capset(header, empty), "capset")
 
 
-def enter_own_root(disk_bytes: int) -> None:
+def enter_own_root(disk_bytes: int, packages: list[str]) -> None:
     """In the run's own user, mount and pid namespaces (the `unshare` the sandbox starts it under): pivot into
     a root of the run's own and drop every capability. That root is an empty tmpfs holding only the bound
-    paths (`_bound_paths`, read-only), a few device nodes, this pid namespace's /proc (read-only), and the
+    paths (`_bound_paths(packages)`, read-only), a few device nodes, this pid namespace's /proc (read-only), and the
     working directory `CONTAINED_WORKDIR`: a fresh tmpfs of `disk_bytes` holding a copy of `main.py`. The
     trainer's home, /tmp, /dev/shm, /run and every other file of the machine are absent, whatever the code
     does to the audit hook, and what it writes disappears with the namespace."""
@@ -184,7 +190,7 @@ def enter_own_root(disk_bytes: int) -> None:
     def inside(path: str) -> str:
         return root + path
 
-    for path in _bound_paths():
+    for path in _bound_paths(packages):
         if path in _SYSTEM_PATHS and os.path.islink(path):  # /lib -> usr/lib: bound as /usr/lib
             os.makedirs(os.path.dirname(inside(path)), exist_ok=True)
             os.symlink(os.readlink(path), inside(path))
@@ -237,6 +243,21 @@ def set_limits(cpu_s: int, address_space: int, file_size: int, open_files: int, 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
+class Packages:
+    """A meta path finder for the installed packages the code may import (PACKAGES' `modules`): a listed top-level
+    name loads from where the trainer's interpreter found it, its submodules from its own directory as any
+    package's do; any other name is not found here. Last on sys.meta_path: the standard library comes first."""
+
+    def __init__(self, modules: dict[str, list]) -> None:
+        self.modules = modules  # name -> [its file, its package directories or None]
+
+    def find_spec(self, name: str, path=None, target=None):
+        if path is not None or name not in self.modules:  # a submodule, or not listed
+            return None
+        origin, locations = self.modules[name]
+        return importlib.util.spec_from_file_location(name, origin, submodule_search_locations=locations)
+
+
 def _deny(what: str) -> None:
     raise PermissionError(f"{what} is not allowed in this sandbox")
 
@@ -266,7 +287,7 @@ class Guard:
         if real is None or self.readable is None or real in self.writable or real in _DEVICES:
             return
         if not any(real == tree or real.startswith(tree + os.sep) for tree in self.readable):
-            _deny(f"reading {real} (outside the working directory and the standard library)")
+            _deny(f"reading {real} (outside the working directory, the standard library and tools.sandbox.packages)")
 
     def __call__(self, event: str, args: tuple) -> None:
         if event == "open":
@@ -311,15 +332,30 @@ def _print_traceback(err: BaseException) -> None:
     sys.stderr.write("".join(top.format()))
 
 
-def run_worker(limits: list[int], contained: bool) -> None:
+def _load_what_packages_import() -> None:
+    """Before the audit hook, what packages import as they load that the hook would refuse. ctypes (sympy sizes a C
+    long with it) loads as it is: the hook still refuses each of its events (loading a library, finding a symbol,
+    memory at an address). _posixsubprocess (subprocess, which sympy imports, needs it; no audit event guards its
+    fork_exec) is a module whose fork_exec refuses: subprocess imports, and no process is created through it."""
+    import ctypes  # noqa: F401
+
+    stand_in = types.ModuleType("_posixsubprocess")
+    stand_in.fork_exec = lambda *args: _deny("creating a process")
+    sys.modules["_posixsubprocess"] = stand_in
+
+
+def run_worker(limits: list[int], contained: bool, packages: dict) -> None:
     set_limits(*limits)
-    stdlib = tuple(os.path.realpath(p) for p in sys.path[1:])  # no site-packages: -S
+    readable = (*(os.path.realpath(p) for p in sys.path[1:]), *packages["trees"])  # no site-packages: -S
     sys.path[0] = os.getcwd()  # as for `python main.py`, not this file's directory
+    if packages["modules"]:
+        sys.meta_path.append(Packages(packages["modules"]))
+        _load_what_packages_import()
     # no audit event covers these: they would reach other processes by pid or leave the process group
     for module, name in itertools.product((os, posix), ("pidfd_open", "setsid", "setpgid", "setpgrp")):
         module.__dict__.pop(name, None)
     signal.__dict__.pop("pidfd_send_signal", None)
-    sys.addaudithook(Guard(os.path.realpath(os.getcwd()), readable=None if contained else stdlib))
+    sys.addaudithook(Guard(os.path.realpath(os.getcwd()), readable=None if contained else readable))
     try:
         runpy.run_path(SCRIPT, run_name="__main__")
     except SystemExit:
@@ -330,14 +366,15 @@ def run_worker(limits: list[int], contained: bool) -> None:
 
 
 def main() -> None:
-    *limits, wall_s, contain, report_fd = (int(arg) for arg in sys.argv[1:])
+    *limits, wall_s, contain, report_fd = (int(arg) for arg in sys.argv[1:-1])
+    packages = json.loads(sys.argv[-1])
     if contain:
-        enter_own_root(disk_bytes=limits[2])  # a working directory as large as one file may be
+        enter_own_root(disk_bytes=limits[2], packages=packages["trees"])  # a working directory as large as a file
     worker = os.fork()
     if worker == 0:
         if report_fd >= 0:
             os.close(report_fd)  # the code cannot write the report
-        run_worker(limits, contained=bool(contain))
+        run_worker(limits, contained=bool(contain), packages=packages)
         return
     signal.signal(signal.SIGALRM, lambda *_: os.kill(worker, signal.SIGKILL))
     signal.alarm(wall_s + 1)
