@@ -46,6 +46,7 @@ MINIMIND_TOOL_NAMES = (
 class CallPolicy(str, Enum):
     multi = "multi"  # MiniMind: several calls per turn, up to a maximum
     strict_single = "strict_single"  # ReTool: one call, nothing after it, no empty argument
+    lenient = "lenient"  # MiniMind's parse: as multi, but a call that cannot be read is dropped (and counted)
 
 
 class ThinkingUnit(str, Enum):
@@ -228,14 +229,14 @@ class ProtocolConfig:
     template: the embedded tiny model and Qwen2.5 write Hermes JSON, Qwen3-Coder writes XML."""
 
     format: str = "hermes"  # registry key: hermes | qwen3_coder | llama3_json | deepseek_v3 | harmony
-    call_policy: CallPolicy = CallPolicy.multi  # multi (MiniMind) | strict_single (ReTool)
+    call_policy: CallPolicy = CallPolicy.multi  # multi (MiniMind) | strict_single (ReTool) | lenient (MiniMind's parse)
     max_calls_per_turn: int = 4  # more calls in one turn make the turn invalid; 1 under strict_single
     max_tool_output_tokens: int = 512  # a longer observation keeps this many tokens, then a marker
 
     def __post_init__(self) -> None:
         _check(self.max_calls_per_turn > 0, "protocol.max_calls_per_turn", "must be > 0")
         _check(
-            self.call_policy is CallPolicy.multi or self.max_calls_per_turn == 1,
+            self.call_policy is not CallPolicy.strict_single or self.max_calls_per_turn == 1,
             "protocol.max_calls_per_turn",
             f"must be 1 under call_policy=strict_single (one call per turn), got {self.max_calls_per_turn}",
         )

@@ -20,8 +20,8 @@ from minirl.tools.base import ToolStatus
 def rollout_metrics(trajs: list[Trajectory], solved: SuccessCriterion, prefix: str = "") -> dict[str, float]:
     """Rewards, every reward term, lengths (sampled tokens; the share cut by a length limit), turns, success
     (`solved`: reward.success), tool use (calls per trajectory, share of trajectories that called, validity,
-    latency, share and count of each call status) and why trajectories ended. Everything is over this batch
-    only, never cumulative."""
+    latency, share and count of each call status, calls dropped unread) and why trajectories ended. Everything is
+    over this batch only, never cumulative."""
     rewards = [t.reward for t in trajs]
     sampled = [sum(t.action_mask) for t in trajs]
     calls = [r for t in trajs for turn in t.turns for r in turn.tool_results]
@@ -40,6 +40,8 @@ def rollout_metrics(trajs: list[Trajectory], solved: SuccessCriterion, prefix: s
         "tools/valid_frac": fmean(r.valid_call for r in calls) if calls else 0.0,
         "tools/latency_mean_s": fmean(r.latency_s for r in calls) if calls else 0.0,
         "tools/latency_max_s": max((r.latency_s for r in calls), default=0.0),
+        # calls protocol.call_policy=lenient left out because they could not be read (0 under the other policies)
+        "tools/dropped_count": float(sum(len(turn.parsed.dropped) for t in trajs for turn in t.turns)),
     }
     statuses = Counter(r.status for r in calls)
     for status in typing.get_args(ToolStatus):  # shares of this step's calls: ok, error, timeout, ...

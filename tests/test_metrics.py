@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from minirl.config import SandboxConfig, ToolsConfig
+from minirl.config import CallPolicy, SandboxConfig, ToolsConfig
 from minirl.data.task import Task
 from minirl.metrics import rollout_metrics
-from minirl.protocol.parsing import ParsedTurn, TurnKind
+from minirl.protocol.parsing import ParsedTurn, TurnKind, parse_turn
 from minirl.rewards.success import gt_in_answer
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
 from minirl.tools import ToolExecutor, build_tools
@@ -39,3 +39,16 @@ def test_tool_outcome_shares_latency_and_use_are_per_batch():
     assert out["tools/bad_arguments_frac"] == 0.0
     assert out["tools/latency_max_s"] >= 0.9  # the killed loop ran until its CPU limit
     assert out["rollout/success_rate"] == 0.5 and out["rollout/finish_answer"] == 1.0
+
+
+def test_calls_the_lenient_policy_drops_are_counted_per_batch():
+    task = Task(id="t", messages=[{"role": "user", "content": "?"}], tools=[], gt=[])
+    text = '<tool_call>{"name": "f"}</tool_call><tool_call>{oops}</tool_call></tool_call>'
+    trajs = []
+    for policy in (CallPolicy.lenient, CallPolicy.lenient, CallPolicy.multi):
+        traj = Trajectory(task, 0, [1], response_ids=[2], action_mask=[1], sampler_logprobs=[-0.1])
+        traj.turns = [Turn(text, parse_turn(text, policy=policy))]
+        traj.finish_reason = TrajectoryEnd.MAX_TURNS
+        trajs.append(traj)
+    assert rollout_metrics(trajs, gt_in_answer)["tools/dropped_count"] == 4.0  # 2 a turn; multi drops none
+    assert rollout_metrics(trajs[2:], gt_in_answer)["tools/dropped_count"] == 0.0

@@ -23,7 +23,7 @@ from minirl.protocol.chat import (
 )
 from minirl.protocol.formats import CALL_FORMATS
 from minirl.protocol.observation import TRUNCATION_MARKER, ZERO_WIDTH_SPACE, control_tokens, tool_messages
-from minirl.protocol.parsing import TurnKind, parse_turn, split_reasoning
+from minirl.protocol.parsing import TurnKind, parse_message, parse_turn, split_reasoning
 from minirl.tools.base import ToolResult
 
 pytestmark = pytest.mark.fast
@@ -252,7 +252,7 @@ THINK_TURNS = {  # id: (text, kind, content, number of calls)
 
 
 @pytest.mark.parametrize("turn", THINK_TURNS)
-@pytest.mark.parametrize("policy", list(CallPolicy))
+@pytest.mark.parametrize("policy", [CallPolicy.multi, CallPolicy.strict_single])  # lenient: test_lenient_policy...
 def test_reasoning_is_never_read_for_calls(turn, policy):
     text, kind, content, calls = THINK_TURNS[turn]
     parsed = parse_turn(text, policy=policy)
@@ -305,6 +305,47 @@ def test_malformed_calls_make_the_turn_invalid(text, reason):
 def test_too_many_calls_in_one_turn_is_invalid():
     parsed = parse_turn(call("f", {}) * 3, max_calls=2)
     assert parsed.kind is TurnKind.INVALID and "3 tool calls" in parsed.reason
+
+
+GOOD, OTHER = call("calculate_math", {"expression": "1+1"}), call("get_current_time", {"timezone": "UTC"})
+LENIENT_TURNS = {  # id: (text, the calls kept, why each other one was dropped, content)
+    "a body that is not JSON": (f"{GOOD}<tool_call>{{oops}}</tool_call>{OTHER}", 2, ["not valid JSON"], ""),
+    "no name": ('<tool_call>{"arguments": {}}</tool_call>' + GOOD, 1, ["no string 'name'"], ""),
+    "empty": (f"<tool_call> </tool_call>{GOOD}", 1, ["empty tool call"], ""),
+    "a stray close tag": (f"A </tool_call>{GOOD} B", 1, ["</tool_call> without a <tool_call>"], "A  B"),
+    "nested: the regex reads one body": (f"<tool_call>x{GOOD}{OTHER}", 1, ["nested <tool_call> tags"], ""),
+    "never closed": (f'{GOOD} then <tool_call>{{"name"', 1, ["<tool_call> is not closed"], 'then {"name"'),
+    "every call dropped: an answer": ("It is <tool_call>{}</tool_call>2.", 0, ["no string 'name'"], "It is 2."),
+    "reasoning is not read": (f"<think>{{bad}} <tool_call>x</think>{GOOD}", 1, [], ""),
+}
+
+
+@pytest.mark.parametrize("turn", LENIENT_TURNS)
+def test_lenient_policy_drops_the_calls_it_cannot_read_and_counts_them(turn):
+    """MiniMind's parse (its regex and json.loads): a call that cannot be read is left out, the others run."""
+    text, kept, dropped, content = LENIENT_TURNS[turn]
+    parsed = parse_turn(text, policy=CallPolicy.lenient, max_calls=4)
+    assert parsed.kind is (TurnKind.TOOL if kept else TurnKind.ANSWER) and not parsed.reason
+    assert len(parsed.tool_calls) == kept and parsed.content == content
+    assert len(parsed.dropped) == len(dropped) and all(w in why for w, why in zip(dropped, parsed.dropped))
+    if dropped:  # the other policies end the turn on what lenient drops
+        assert parse_turn(text, policy=CallPolicy.multi, max_calls=4).kind is TurnKind.INVALID
+
+
+def test_lenient_policy_keeps_the_call_count_and_the_ids_of_the_calls_it_keeps():
+    parsed = parse_turn(f"{GOOD}<tool_call>{{oops}}</tool_call>{OTHER}", policy=CallPolicy.lenient, call_id_prefix="c")
+    assert [c.id for c in parsed.tool_calls] == ["c_0", "c_2"]  # a call's place in the turn, as under multi
+    too_many = parse_turn(GOOD * 3 + "<tool_call>{}</tool_call>", policy=CallPolicy.lenient, max_calls=2)
+    assert too_many.kind is TurnKind.INVALID and "3 tool calls in one turn (max 2)" in too_many.reason
+    assert len(too_many.dropped) == 1
+
+
+def test_lenient_policy_drops_structured_calls_it_cannot_read():
+    calls = [("a", "calculate_math", '{"expression": "1"}'), ("b", "", "{}"), ("c", "f", "[1]")]
+    parsed = parse_message("", calls, policy=CallPolicy.lenient)
+    assert parsed.kind is TurnKind.TOOL and [c.id for c in parsed.tool_calls] == ["a"]
+    assert len(parsed.dropped) == 2 and "no string 'name'" in parsed.dropped[0]
+    assert parse_message("", calls, policy=CallPolicy.multi).kind is TurnKind.INVALID
 
 
 # --- formats and call policies ----------------------------------------------------------------

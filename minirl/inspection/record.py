@@ -65,6 +65,8 @@ def _turn_messages(turn: Turn) -> list[dict[str, Any]]:
     }
     if parsed.reason:
         assistant["invalid_reason"] = parsed.reason
+    if parsed.dropped:  # protocol.call_policy=lenient: the calls left out, and why
+        assistant["dropped_calls"] = parsed.dropped
     results = [
         {"role": "tool", "tool_call_id": r.call_id, "name": r.name, "status": r.status, "content": r.content}
         for r in turn.tool_results

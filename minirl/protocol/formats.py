@@ -283,6 +283,9 @@ def read_llama3_json(body: str, tools: Sequence[dict]) -> ReadCall | str:
 # -- where a turn's calls are ------------------------------------------------------------------
 
 Spans = list[tuple[int, int]]  # (start, end) of each call body in a text
+# a markup's reading of a text: the span of each call body, and what does not pair up (unpaired or nested tags,
+# text after bare JSON calls), in order; a strict reader stops at the first problem, MiniMind's lenient one drops it
+Scan = tuple[Spans, list[str]]
 
 
 def without_tags(text: str, tags: Sequence[str]) -> str:
@@ -360,21 +363,25 @@ class TaggedMarkup:
         """Reasoning and the rest (think_split), call blocks whole."""
         return think_split(text, self.open, self.close)
 
-    def spans(self, text: str) -> Spans | str:
-        """Each call body's span, or why the tags do not pair up."""
+    def scan(self, text: str) -> Scan:
+        """Each call body's span, an open tag pairing with the next close tag as MiniMind's regex pairs them, and
+        each problem: a stray close tag (skipped), a block with an open tag nested in it (skipped whole, as the
+        regex reads it into one body), an open tag never closed (the rest is text)."""
         spans: Spans = []
+        problems: list[str] = []
         pos = 0
         while True:
             start, close = text.find(self.open, pos), text.find(self.close, pos)
             if start < 0 and close < 0:
-                return spans
+                return spans, problems
             if start < 0 or 0 <= close < start:
-                return f"{self.close} without a {self.open} before it"
-            if close < 0:
-                return f"{self.open} is not closed"
-            if text.find(self.open, start + len(self.open), close) >= 0:
-                return f"nested {self.open} tags"
-            spans.append((start + len(self.open), close))
+                problems.append(f"{self.close} without a {self.open} before it")
+            elif close < 0:
+                return spans, [*problems, f"{self.open} is not closed"]
+            elif text.find(self.open, start + len(self.open), close) >= 0:
+                problems.append(f"nested {self.open} tags")
+            else:
+                spans.append((start + len(self.open), close))
             pos = close + len(self.close)
 
     def end_of(self, span: tuple[int, int]) -> int:
@@ -426,24 +433,24 @@ class BareJsonMarkup:
             return _SPACE.match(text, start + len(PYTHON_TAG)).end()
         return start if text.startswith("{", start) else None
 
-    def spans(self, text: str) -> Spans | str:
+    def scan(self, text: str) -> Scan:
         pos = self._calls_from(text)
         if pos is None:
-            return []
+            return [], []
         decoder, spans = json.JSONDecoder(), []
         while True:
             try:
                 end = decoder.raw_decode(text, pos)[1]
             except (ValueError, RecursionError):
-                return [*spans, (pos, len(text))]
+                return [*spans, (pos, len(text))], []
             spans.append((pos, end))
             pos = _SPACE.match(text, end).end()
             if pos == len(text):
-                return spans
+                return spans, []
             if text[pos] == ";":
                 pos = _SPACE.match(text, pos + 1).end()
             elif not (text[pos] == "{" and "\n" in text[end:pos]):
-                return f"text after a JSON tool call: {_snippet(text[pos:])}"
+                return spans, [f"text after a JSON tool call: {_snippet(text[pos:])}"]
 
     def end_of(self, span: tuple[int, int]) -> int:
         return span[1]
@@ -490,8 +497,8 @@ class HarmonyMarkup:
                 pieces.append((channel is not None and channel.group(1) == "analysis", body))
         return [(reasoning, piece) for reasoning, piece in pieces if piece]
 
-    def spans(self, text: str) -> Spans | str:
-        return [(0, len(text))] if _harmony_recipient(text) is not None else []
+    def scan(self, text: str) -> Scan:
+        return ([(0, len(text))] if _harmony_recipient(text) is not None else []), []
 
     def end_of(self, span: tuple[int, int]) -> int:
         return span[1]

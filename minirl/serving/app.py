@@ -164,14 +164,23 @@ def _submit(scheduler: Scheduler, job: Job) -> None:
 
 
 def _call_reader(protocol: ProtocolConfig, tools: list[dict]) -> Callable[[str], ParsedTurn]:
-    """parse_turn under the protocol's format and call policy; `tools` let a format read typed values."""
-    return partial(
+    """parse_turn under the protocol's format and call policy; `tools` let a format read typed values. Calls the
+    lenient policy drops are logged, with why."""
+    read = partial(
         parse_turn,
         call_format=protocol.format,
         policy=protocol.call_policy,
         max_calls=protocol.max_calls_per_turn,
         tools=tools,
     )
+
+    def read_and_log(text: str) -> ParsedTurn:
+        parsed = read(text)
+        if parsed.dropped:
+            logger.warning("dropped %d tool calls that could not be read: %s", len(parsed.dropped), parsed.dropped)
+        return parsed
+
+    return read_and_log
 
 
 async def _choice_deltas(job: Job, splitters: Sequence[TurnSplitter]) -> AsyncIterator[ChoiceDelta]:
