@@ -218,9 +218,14 @@ class RewardConfig:
     # registry key: gt_in_answer | boxed_answer; when a trajectory counts as solved (success-rate metrics)
     success: str = "gt_in_answer"
     model: RewardModelConfig = field(default_factory=RewardModelConfig)  # the term `rm`'s reward model
+    # the most a term's UNWEIGHTED value counts, either way, before its weight: term name -> cap; a term not named
+    # is not capped (MiniMind caps its repetition penalty at 0.5: reward=minimind sets repetition: 0.5)
+    caps: Dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(self.clip > 0, "reward.clip", "must be > 0")
+        for name, cap in self.caps.items():
+            _check(cap > 0, f"reward.caps.{name}", f"must be > 0, got {cap}")
 
 
 @dataclass

@@ -18,7 +18,7 @@ from minirl.data import DATASETS, WARM_START_CORPORA
 from minirl.errors import ConfigError
 from minirl.models.loading import check_checkpoint
 from minirl.protocol.formats import CALL_FORMATS
-from minirl.rewards import SUCCESS_CRITERIA, check_weights
+from minirl.rewards import SUCCESS_CRITERIA, check_caps, check_weights
 from minirl.rollout.engine import ENGINES
 from minirl.tools import TOOLS
 from minirl.tracking import BACKENDS
@@ -43,6 +43,7 @@ def validate(cfg: Config) -> None:
     for name in cfg.tools.names:
         TOOLS.get(name).check_config(cfg.tools)
     check_weights(cfg.reward.weights)
+    check_caps(cfg.reward.caps)
     if cfg.reward.model.name_or_path is not None:  # a reward model's local path that is not there
         check_checkpoint(cfg.reward.model.name_or_path, "reward.model.name_or_path")
     SUCCESS_CRITERIA.get(cfg.reward.success)

@@ -9,14 +9,13 @@ import math
 import re
 import unicodedata
 from decimal import Decimal
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from support import CALC_TOOL, CONVERSATION, third_party_template
 
-from minirl.config import CallPolicy
+from minirl.config import CallPolicy, RewardConfig
 from minirl.data.task import Task
 from minirl.protocol.chat import next_prompt, render, suffix_prefix_overlap, turn_deltas
 from minirl.protocol.formats import CALL_FORMATS
@@ -283,15 +282,17 @@ def trajectories(draw) -> Trajectory:
 
 
 weights = st.fixed_dictionaries({name: st.floats(-5, 5) for name in REWARD_TERMS.names()})
+caps = st.dictionaries(st.sampled_from(REWARD_TERMS.names()), st.floats(0.01, 5))
 
 
 @PROPERTY
-@given(traj=trajectories(), weights=weights, clip=st.floats(0.1, 10))
-def test_every_term_is_finite_and_the_score_stays_within_the_clip(traj, weights, clip):
+@given(traj=trajectories(), weights=weights, clip=st.floats(0.1, 10), caps=caps)
+def test_every_term_is_finite_and_the_score_stays_within_the_clip(traj, weights, clip, caps):
     assert all(math.isfinite(value) for value in term_values(traj).values())
-    total, weighted = score(traj, SimpleNamespace(weights=weights, clip=clip))
+    total, weighted = score(traj, RewardConfig(weights=weights, clip=clip, caps=caps))
     assert -clip <= total <= clip
     assert set(weighted) == set(REWARD_TERMS.names()) and all(math.isfinite(v) for v in weighted.values())
+    assert all(abs(weighted[name]) <= abs(weights[name]) * cap for name, cap in caps.items())
 
 
 digits = st.text(alphabet="0123456789", min_size=1, max_size=4)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import compose_config
 
+from minirl.config import RewardConfig
 from minirl.data.task import Task
 from minirl.errors import ConfigError
 from minirl.protocol.parsing import parse_turn
-from minirl.rewards import REWARD_TERMS, check_weights, contains_value, gt_hits, score, score_all
+from minirl.rewards import REWARD_TERMS, check_caps, check_weights, contains_value, gt_hits, score, score_all
 from minirl.rewards import terms as T
 from minirl.rewards.success import gt_in_answer
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
@@ -34,7 +35,7 @@ WEIGHTS = {
     "boxed_answer": 0.0,
     "rm": 1.0,
 }
-CFG = SimpleNamespace(weights=WEIGHTS, clip=3.0)
+CFG = RewardConfig(weights=WEIGHTS, clip=3.0, caps={"repetition": 0.5})  # minimind.yaml's caps too
 
 
 # -- builders ----------------------------------------------------------------------------------
@@ -206,6 +207,37 @@ def test_tag_balance():
     assert T.tag_balance(t) == -2.0
 
 
+def test_a_cap_bounds_what_a_term_counts_before_its_weight():
+    """MiniMind's rep_penalty: the share of repeated 3-grams, at most 0.5 (reward.caps.repetition)."""
+    looped = traj([turn("go " * 20)], TrajectoryEnd.ANSWER)
+    once = traj([turn("go go go go once")], TrajectoryEnd.ANSWER)
+    assert T.repetition(looped) == pytest.approx(-17 / 18) and T.repetition(once) == pytest.approx(-1 / 3)
+    capped = RewardConfig(weights={"repetition": 2.0}, clip=3.0, caps={"repetition": 0.5})
+    assert score(looped, capped)[1]["repetition"] == pytest.approx(-1.0)  # -0.5, then the weight
+    assert score(once, capped)[1]["repetition"] == pytest.approx(-2 / 3)  # under the cap: as it was
+    uncapped = RewardConfig(weights={"repetition": 2.0}, clip=3.0)  # the schema's default: no cap
+    assert score(looped, uncapped)[1]["repetition"] == pytest.approx(-34 / 18)
+
+
+def test_minimind_caps_repetition_at_half_and_the_other_rewards_cap_nothing(tmp_path):
+    assert compose_config(tmp_path, tmp_path, "reward=minimind").reward.caps == {"repetition": 0.5}
+    for reward in ("outcome", "retool"):  # the default run's reward scores as before
+        assert compose_config(tmp_path, tmp_path, f"reward={reward}").reward.caps == {}
+    assert compose_config(tmp_path, tmp_path, "reward=minimind", "reward.caps.repetition=1").reward.caps == {
+        "repetition": 1.0
+    }
+
+
+def test_unknown_or_bad_cap_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown reward term 'repetitions'; known: "):
+        check_caps({"repetitions": 0.5})
+    for bad in (0.0, -1.0, float("inf"), True):
+        with pytest.raises(ConfigError, match=r"^reward\.caps\.repetition: must be a finite number > 0"):
+            check_caps({"repetition": bad})
+    with pytest.raises(ConfigError, match=r"^reward\.caps\.repetition: must be > 0, got 0"):
+        RewardConfig(caps={"repetition": 0})
+
+
 def test_repetition():
     assert T.repetition(traj([turn("a b c a b c a b c")], TrajectoryEnd.ANSWER)) == pytest.approx(-4 / 7)
     assert T.repetition(traj([turn("The cat sat on the mat.")], TrajectoryEnd.ANSWER)) == 0.0
@@ -297,25 +329,25 @@ def test_correct_tool_trajectory_scores_highest():
 def test_score_is_the_clipped_weighted_sum_with_every_term_logged():
     t = traj([turn(WEATHER.replace("</tool_call>", ""))], TrajectoryEnd.INVALID)
     raw = T.term_values(t)
-    total, terms = score(t, SimpleNamespace(weights={"invalid_turn": 2.0, "tag_balance": 0.0}, clip=100.0))
+    total, terms = score(t, RewardConfig(weights={"invalid_turn": 2.0, "tag_balance": 0.0}, clip=100.0))
     assert set(terms) == set(REWARD_TERMS.names())  # weight 0 or absent: still present
     assert raw["tag_balance"] == -1.0 and terms["tag_balance"] == 0.0
     assert terms["invalid_turn"] == -2.0 and terms["gt_hit"] == 0.0
     assert total == pytest.approx(-2.0)
 
-    full = SimpleNamespace(weights=WEIGHTS, clip=100.0)
+    full = RewardConfig(weights=WEIGHTS, clip=100.0)
     total, terms = score(t, full)
     assert total == pytest.approx(sum(w * raw[k] for k, w in WEIGHTS.items()))
     assert total == pytest.approx(sum(terms.values()))
-    assert score(t, SimpleNamespace(weights=WEIGHTS, clip=1.0))[0] == -1.0  # clipped below
-    assert score(correct(), SimpleNamespace(weights={"gt_hit": 10.0}, clip=3.0))[0] == 3.0  # clipped above
+    assert score(t, RewardConfig(weights=WEIGHTS, clip=1.0))[0] == -1.0  # clipped below
+    assert score(correct(), RewardConfig(weights={"gt_hit": 10.0}, clip=3.0))[0] == 3.0  # clipped above
 
 
 def test_a_trajectory_that_earns_nothing_scores_a_float_zero():
     """Under the outcome reward a wrong answer earns no term at all; its reward must still be a float, or
     a batch of them becomes an integer tensor that the advantage estimators cannot average."""
     wrong = traj([turn(WEATHER, result()), turn("It is 19°C in Paris.")], TrajectoryEnd.ANSWER)
-    total, terms = score(wrong, SimpleNamespace(weights={"gt_hit": 1.0}, clip=3.0))
+    total, terms = score(wrong, RewardConfig(weights={"gt_hit": 1.0}, clip=3.0))
     assert total == 0.0 and isinstance(total, float) and terms["gt_hit"] == 0.0
 
 
@@ -323,7 +355,7 @@ def test_unknown_or_bad_weight_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown reward term 'gt_hits'; known: answer_length, boxed_answer, gt_hit"):
         check_weights({"gt_hits": 1.0})
     with pytest.raises(ConfigError, match="unknown reward term"):
-        score(correct(), SimpleNamespace(weights={"nope": 1.0}, clip=3.0))
+        score(correct(), RewardConfig(weights={"nope": 1.0}, clip=3.0))
     with pytest.raises(ConfigError, match=r"reward\.weights\.gt_hit"):
         check_weights({"gt_hit": float("nan")})
     check_weights(WEIGHTS)

@@ -2,9 +2,10 @@
 ReTool's (minirl/conf/reward/retool.yaml).
 
 Each term is a plain function `term(traj) -> float` returning an UNWEIGHTED value; the weights
-come from `reward.weights` in the config. `score` computes every registered term, so each one has
-an entry in the logged dict even at weight 0 (`term_values` gives the unweighted values), and
-clips the weighted sum to [-clip, clip], saturating the bonuses before the penalties count.
+come from `reward.weights` in the config, and `reward.caps` bounds what a term's value counts before
+its weight (MiniMind's cap of 0.5 on repetition). `score` computes every registered term, so each one
+has an entry in the logged dict even at weight 0 (`term_values` gives the unweighted, uncapped values),
+and clips the weighted sum to [-clip, clip], saturating the bonuses before the penalties count.
 
 Add a term:
 
@@ -42,6 +43,7 @@ class RewardWeights(Protocol):
 
     weights: Mapping[str, float]
     clip: float
+    caps: Mapping[str, float]
 
 
 def used_tools(traj: Trajectory) -> bool:
@@ -126,7 +128,8 @@ def repetition(traj: Trajectory) -> float:
     """Minus the share of word 3-grams that repeat an earlier one, in [-1, 0].
 
     Scored on the final answer, or on the last turn's raw text when there is no answer (a
-    degenerate loop usually is what ran out of tokens). Fewer than three words -> 0.
+    degenerate loop usually is what ran out of tokens). Fewer than three words -> 0. MiniMind's
+    rep_penalty is this share capped at 0.5 (reward.caps.repetition, as reward=minimind sets it).
     """
     words = _WORDS.findall(_last_words(traj).casefold())
     grams = list(zip(words, words[1:], words[2:], strict=False))  # shorter lists on purpose
@@ -199,6 +202,15 @@ def check_weights(weights: Mapping[str, float]) -> None:
             raise ConfigError(f"reward.weights.{name}: must be a finite number, got {weight!r}")
 
 
+def check_caps(caps: Mapping[str, float]) -> None:
+    """Raise ConfigError for a cap on an unknown term or a cap that is not a finite number > 0."""
+    for name, cap in caps.items():
+        if name not in REWARD_TERMS:
+            REWARD_TERMS.get(name)  # raises, listing the known terms
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not (math.isfinite(cap) and cap > 0):
+            raise ConfigError(f"reward.caps.{name}: must be a finite number > 0, got {cap!r}")
+
+
 def term_values(traj: Trajectory) -> dict[str, float]:
     """Term name -> UNWEIGHTED value, for every registered term."""
     return {name: float(REWARD_TERMS.get(name)(traj)) for name in REWARD_TERMS}
@@ -207,15 +219,18 @@ def term_values(traj: Trajectory) -> dict[str, float]:
 def score(traj: Trajectory, cfg: RewardWeights) -> tuple[float, dict[str, float]]:
     """(clipped weighted sum, term name -> weighted value) over every registered term.
 
-    A term without a weight counts with weight 0 but is still computed and present in the dict.
-    The bonuses (positive weighted values) saturate at `clip` before the penalties are added, and
-    the total is clipped to [-clip, clip]: bonuses past the clip cannot absorb a penalty, so a
-    trajectory that repeats itself or skips a required tool scores below a clean one even when
-    both earn every bonus.
+    A term without a weight counts with weight 0 but is still computed and present in the dict; a
+    term with a cap counts as its value clipped to [-cap, cap] before the weight. The bonuses
+    (positive weighted values) saturate at `clip` before the penalties are added, and the total is
+    clipped to [-clip, clip]: bonuses past the clip cannot absorb a penalty, so a trajectory that
+    repeats itself or skips a required tool scores below a clean one even when both earn every bonus.
     """
     check_weights(cfg.weights)
+    check_caps(cfg.caps)
+    caps = {name: cfg.caps.get(name, math.inf) for name in REWARD_TERMS}
+    values = {name: min(max(v, -caps[name]), caps[name]) for name, v in term_values(traj).items()}
     # "+ 0.0" turns the -0.0 of a zero weight times a penalty into 0.0 in the logs
-    weighted = {name: float(cfg.weights.get(name, 0.0)) * v + 0.0 for name, v in term_values(traj).items()}
+    weighted = {name: float(cfg.weights.get(name, 0.0)) * v + 0.0 for name, v in values.items()}
     bonuses = sum((v for v in weighted.values() if v > 0), 0.0)
     penalties = sum((v for v in weighted.values() if v < 0), 0.0)
     total = max(min(bonuses, cfg.clip) + penalties, -cfg.clip)
