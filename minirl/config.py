@@ -49,6 +49,14 @@ class CallPolicy(str, Enum):
     lenient = "lenient"  # MiniMind's parse: as multi, but a call that cannot be read is dropped (and counted)
 
 
+class ObservationCut(str, Enum):
+    """Which tokens of a tool result longer than protocol.max_tool_output_tokens the model reads."""
+
+    head_tail = "head_tail"  # the first half and the last half: what was printed first, and where a traceback ends
+    tail = "tail"  # the last tokens (ReTool: the result or the error is at the end)
+    head = "head"  # the first tokens
+
+
 class ThinkingUnit(str, Enum):
     """What one draw of rollout.thinking_ratio decides."""
 
@@ -236,7 +244,12 @@ class ProtocolConfig:
     format: str = "hermes"  # registry key: hermes | qwen3_coder | llama3_json | deepseek_v3 | harmony
     call_policy: CallPolicy = CallPolicy.multi  # multi (MiniMind) | strict_single (ReTool) | lenient (MiniMind's parse)
     max_calls_per_turn: int = 4  # more calls in one turn make the turn invalid; 1 under strict_single
-    max_tool_output_tokens: int = 512  # a longer observation keeps this many tokens, then a marker
+    max_tool_output_tokens: int = 512  # a longer observation keeps this many tokens, with a marker where it is cut
+    observation_cut: ObservationCut = ObservationCut.head_tail  # head_tail | tail (ReTool) | head: which tokens stay
+    # the next prompt leaves at least this many tokens of rollout.max_total_tokens to sample: if it would not, the
+    # turn's observations are cut to one lower token cap, the largest that leaves them; if even their markers alone
+    # leave fewer, the trajectory ends (TOKEN_BUDGET)
+    min_sample_room: int = 16
 
     def __post_init__(self) -> None:
         _check(self.max_calls_per_turn > 0, "protocol.max_calls_per_turn", "must be > 0")
@@ -246,6 +259,7 @@ class ProtocolConfig:
             f"must be 1 under call_policy=strict_single (one call per turn), got {self.max_calls_per_turn}",
         )
         _check(self.max_tool_output_tokens > 0, "protocol.max_tool_output_tokens", "must be > 0")
+        _check(self.min_sample_room > 0, "protocol.min_sample_room", f"must be > 0, got {self.min_sample_room}")
 
 
 @dataclass
@@ -565,6 +579,11 @@ class Config:
     def __post_init__(self) -> None:
         if self.loss.max_tokens_norm == 0:  # a default that depends on another section
             self.loss.max_tokens_norm = self.rollout.max_turns * self.rollout.max_new_tokens
+        _check(
+            self.protocol.min_sample_room <= self.rollout.max_new_tokens,
+            "protocol.min_sample_room",
+            f"must be <= rollout.max_new_tokens ({self.rollout.max_new_tokens}): a turn samples at most that many",
+        )
         batch = self.trainer.prompts_per_step * self.rollout.group_size
         _check(self.trainer.mini_batches <= batch, "trainer.mini_batches", f"must be <= {batch}, the batch's size")
         _check(

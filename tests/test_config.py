@@ -164,6 +164,8 @@ def test_experiment_and_debug_presets_apply():
         ("trainer.warmup_steps=-5", "trainer.warmup_steps: must be >= 0"),
         ("protocol.max_calls_per_turn=0", "protocol.max_calls_per_turn"),
         ("protocol.max_tool_output_tokens=0", "protocol.max_tool_output_tokens"),
+        ("protocol.min_sample_room=0", "protocol.min_sample_room: must be > 0"),
+        ("protocol.min_sample_room=97", "protocol.min_sample_room: must be <= rollout.max_new_tokens \\(96\\)"),
         ("protocol.call_policy=strict_single", "protocol.max_calls_per_turn: must be 1 under call_policy=strict"),
     ],
 )
@@ -174,7 +176,14 @@ def test_out_of_range_values_name_the_key(override, message):
 
 @pytest.mark.fast
 @pytest.mark.parametrize(
-    "override", ["rollout.max_turnz=3", "loss.beta=abc", "+trainer.stepz=1", "protocol.call_policy=several"]
+    "override",
+    [
+        "rollout.max_turnz=3",
+        "loss.beta=abc",
+        "+trainer.stepz=1",
+        "protocol.call_policy=several",
+        "protocol.observation_cut=mid",
+    ],
 )
 def test_wrong_keys_and_types_fail_at_composition(override):
     with pytest.raises(Exception, match=override.split("=")[0].lstrip("+").split(".")[-1]):

@@ -10,7 +10,7 @@ import time
 import pytest
 from support import CALC_TOOL, CONVERSATION, third_party_template
 
-from minirl.config import CallPolicy
+from minirl.config import CallPolicy, ObservationCut
 from minirl.errors import ConfigError
 from minirl.protocol.chat import (
     Construction,
@@ -22,7 +22,7 @@ from minirl.protocol.chat import (
     turn_deltas,
 )
 from minirl.protocol.formats import CALL_FORMATS
-from minirl.protocol.observation import TRUNCATION_MARKER, ZERO_WIDTH_SPACE, control_tokens, tool_messages
+from minirl.protocol.observation import ZERO_WIDTH_SPACE, control_tokens, fit_tool_messages, tool_messages
 from minirl.protocol.parsing import TurnKind, parse_message, parse_turn, split_reasoning
 from minirl.tools.base import ToolResult
 
@@ -31,6 +31,7 @@ pytestmark = pytest.mark.fast
 PROMPT = CONVERSATION[:2]
 TOOL_MESSAGES = CONVERSATION[3:5]
 TOOL_RESULT_SHORT = ToolResult("call_0_1", "calculate_math", '{"result": "42"}', "ok", 0.0)
+CUT = ObservationCut.head_tail
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -159,24 +160,63 @@ def test_a_template_whose_generation_prompt_the_history_lacks_builds_by_delta_re
         tokenizer.chat_template = original
 
 
-def test_long_observation_is_cut_to_its_token_budget(any_template_tokenizer):
+# tokens a cut result keeps of its (start, end), out of a budget of 16
+KEPT = {ObservationCut.head: (16, 0), ObservationCut.tail: (0, 16), ObservationCut.head_tail: (8, 8)}
+
+
+@pytest.mark.parametrize("cut", list(ObservationCut))
+def test_long_observation_is_cut_to_its_token_budget(any_template_tokenizer, cut):
     tok, budget = any_template_tokenizer, 16
     output = " ".join(f"row{i}={i * i}" for i in range(200))
-    total = len(encode(tok, output))
+    ids = encode(tok, output)
     results = [ToolResult("call_0_0", "calculate_math", output, "ok", 0.0), TOOL_RESULT_SHORT]
-    cut, short = tool_messages(results, tok, budget)
+    message, short = tool_messages(results, tok, budget, cut)
     assert short["content"] == TOOL_RESULT_SHORT.content  # within budget: untouched
-    marker = TRUNCATION_MARKER.format(total - budget)
-    kept = cut["content"].removesuffix(marker)
-    assert cut["content"].endswith(marker) and output.startswith(kept)
-    assert kept == tok.decode(encode(tok, output)[:budget])  # cut on a token boundary
-    # in context: the kept part and the marker, nothing of the rest, and about `budget` tokens
+    # the start and the end it keeps, each cut on a token boundary, and between them the marker
+    start, end = (tok.decode(part) for part in (ids[: KEPT[cut][0]], ids[len(ids) - KEPT[cut][1] :]))
+    content = message["content"]
+    assert output.startswith(start) and output.endswith(end)
+    assert content.startswith(start) and content.endswith(end)
+    marker = content[len(start) : len(content) - len(end)]
+    assert f"[truncated {len(ids) - budget} tokens]" in marker and "row" not in marker  # counts what was cut
+    assert ("row0=0" in content) == (cut is not ObservationCut.tail)
+    assert ("=39601" in content) == (cut is not ObservationCut.head)  # row199's square
+    # in context: the kept parts and the marker, nothing of the rest, and about `budget` tokens
     p0, sampled = render(tok, PROMPT, [CALC_TOOL], add_generation_prompt=True), encode(tok, "calling")
-    _, added = next_prompt(p0, sampled, turn_deltas(tok, PROMPT, [CALC_TOOL], [cut, short]))
-    _, empty = next_prompt(p0, sampled, turn_deltas(tok, PROMPT, [CALC_TOOL], [{**cut, "content": ""}, short]))
+    _, added = next_prompt(p0, sampled, turn_deltas(tok, PROMPT, [CALC_TOOL], [message, short]))
+    _, empty = next_prompt(p0, sampled, turn_deltas(tok, PROMPT, [CALC_TOOL], [{**message, "content": ""}, short]))
     text = tok.decode(added)
-    assert kept in text and marker in text and "row199" not in text
-    assert len(added) - len(empty) <= budget + len(encode(tok, marker)) + 1
+    assert content.replace(ZERO_WIDTH_SPACE, "") in text and "row100=" not in text
+    assert len(added) - len(empty) <= budget + len(encode(tok, marker)) + 2
+
+
+def test_the_fit_keeps_the_largest_cap_that_fits_and_short_results_whole(tokenizer):
+    long = ToolResult("call_0_0", "calculate_math", " ".join(f"row{i}" for i in range(300)), "ok", 0.0)
+    results = [long, TOOL_RESULT_SHORT]
+
+    def size(messages: list[dict]) -> int:
+        return sum(len(encode(tokenizer, m["content"])) for m in messages)
+
+    def within(limit: int):  # a build that accepts messages of at most `limit` tokens, and what it was offered
+        offered = []
+
+        def build(messages: list[dict]) -> list[dict] | None:
+            offered.append(messages)
+            return messages if size(messages) <= limit else None
+
+        return build, offered
+
+    full = tool_messages(results, tokenizer, 512, CUT)
+    build, offered = within(size(full))
+    assert fit_tool_messages(results, tokenizer, 512, CUT, build) == full and len(offered) == 1  # built once
+    build, offered = within(60)
+    fitted = fit_tool_messages(results, tokenizer, 512, CUT, build)
+    cap = next(c for c in range(512) if tool_messages(results, tokenizer, c, CUT) == fitted)
+    assert size(fitted) <= 60 < size(tool_messages(results, tokenizer, cap + 1, CUT))  # the largest cap that fits
+    assert fitted[1]["content"] == TOOL_RESULT_SHORT.content  # one cap for all: the short one stays whole
+    assert len(offered) <= 11  # bisection
+    build, _ = within(size(tool_messages(results[1:], tokenizer, 512, CUT)))  # no room for the long one's marker
+    assert fit_tool_messages(results, tokenizer, 512, CUT, build) is None
 
 
 def test_a_tool_result_cannot_forge_control_tokens(any_template_tokenizer):
@@ -187,7 +227,7 @@ def test_a_tool_result_cannot_forge_control_tokens(any_template_tokenizer):
     p0, sampled = render(tok, PROMPT, [CALC_TOOL], add_generation_prompt=True), encode(tok, "calling")
 
     def observation_ids(content: str) -> list[int]:
-        messages = tool_messages([ToolResult("call_0_0", "calculate_math", content, "ok", 0.0)], tok, 256)
+        messages = tool_messages([ToolResult("call_0_0", "calculate_math", content, "ok", 0.0)], tok, 256, CUT)
         return next_prompt(p0, sampled, turn_deltas(tok, PROMPT, [CALC_TOOL], messages))[1]
 
     control = {tok.convert_tokens_to_ids(t) for t in control_tokens(tok)}
@@ -200,7 +240,7 @@ def test_a_tool_result_cannot_forge_control_tokens(any_template_tokenizer):
 def test_a_lone_surrogate_in_a_tool_result_reaches_the_model_as_a_replacement_character(any_template_tokenizer):
     # a user tool may return text no tokenizer can encode; the turn must go on
     tok = any_template_tokenizer
-    (message,) = tool_messages([ToolResult("call_0_0", "echo", "bad \ud800 text", "ok", 0.0)], tok, 256)
+    (message,) = tool_messages([ToolResult("call_0_0", "echo", "bad \ud800 text", "ok", 0.0)], tok, 256, CUT)
     assert message["content"] == "bad \ufffd text"
     p0, sampled = render(tok, PROMPT, [CALC_TOOL], add_generation_prompt=True), encode(tok, "calling")
     _, added = next_prompt(p0, sampled, turn_deltas(tok, PROMPT, [CALC_TOOL], [message]))

@@ -11,7 +11,7 @@ import torch
 from support import CALC_TOOL, CONVERSATION, GREETING, ScriptedEngine, third_party_template
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from minirl.config import CallPolicy, ProtocolConfig
+from minirl.config import CallPolicy, ObservationCut, ProtocolConfig, SandboxConfig, ToolsConfig
 from minirl.data.synthetic_tools import train_heldout_split
 from minirl.data.task import Task
 from minirl.inference.decoding import CachedBatch, PrefixStore
@@ -255,14 +255,63 @@ def test_tool_messages_carry_the_call_id_and_tool_name(tokenizer, executor, task
     assert all(f"[{call_id} get_current_weather]" in observed for call_id in ids)
 
 
-def test_tool_output_enters_the_context_cut_to_its_token_budget(tokenizer, executor, tasks):
-    protocol = ProtocolConfig(max_tool_output_tokens=3)
+@pytest.mark.parametrize("cut", list(ObservationCut))
+def test_tool_output_enters_the_context_cut_to_its_token_budget(tokenizer, executor, tasks, cut):
+    protocol = ProtocolConfig(max_tool_output_tokens=4, observation_cut=cut)
     trajs, _ = run(tokenizer, executor, tasks, [weather_call("Paris"), "Sunny."], protocol=protocol)
     for t in trajs:
         [result] = t.turns[0].tool_results
         observed = observed_text(tokenizer, t)
-        assert "...[truncated" in observed and result.content not in observed
-        assert result.content.startswith(tokenizer.decode(tokenizer.encode(result.content)[:3]))
+        ids = tokenizer.encode(result.content, add_special_tokens=False)
+        start, end, marker = tokenizer.decode(ids[:4]), tokenizer.decode(ids[-4:]), f"[truncated {len(ids) - 4} tokens]"
+        middle = tokenizer.decode(ids[:2]), tokenizer.decode(ids[-2:])
+        expected = {
+            ObservationCut.head: f"{start}\n...{marker}",
+            ObservationCut.tail: f"...{marker}...\n{end}",
+            ObservationCut.head_tail: f"{middle[0]}\n...{marker}...\n{middle[1]}",
+        }
+        assert expected[cut] in observed and result.content not in observed
+
+
+def code_task() -> tuple[Task, ToolExecutor]:
+    """A task that offers the real sandboxed code_interpreter, and an executor that runs it."""
+    cfg = ToolsConfig(names=["code_interpreter"], timeout_s=5.0, sandbox=SandboxConfig(allow_unconfined=True))
+    tools = build_tools(cfg.names, cfg)
+    messages = [{"role": "user", "content": "Print the rows."}]
+    task = Task(id="rows", messages=messages, tools=[tools["code_interpreter"].schema()], gt=["row249"])
+    return task, ToolExecutor(tools, cfg.timeout_s, cfg.max_output_chars)
+
+
+PRINT_ROWS = {"name": "code_interpreter", "arguments": {"code": "print(*(f'row{i}' for i in range(250)))"}}
+CALL = f"<tool_call>\n{json.dumps(PRINT_ROWS)}\n</tool_call>"
+
+
+@pytest.mark.parametrize("room", [16, 40])
+def test_observations_shrink_so_that_the_next_prompt_leaves_room_to_sample(tokenizer, room):
+    """A next prompt that would leave fewer than protocol.min_sample_room tokens of the budget gets its
+    observation cut further, keeping both ends, to the largest cap that leaves them; the trajectory goes on."""
+    task, executor = code_task()
+    first = len(render(tokenizer, task.messages, task.tools, True)) + len(ScriptedEngine(tokenizer, []).turn_ids(CALL))
+    max_total = first + 120  # the whole observation (512 tokens) is far over; about 80 of them fit
+    protocol = ProtocolConfig(min_sample_room=room)
+    trajs, engine = run(tokenizer, executor, [task], [CALL, "Done."], max_total=max_total, protocol=protocol)
+    assert engine.calls == 2
+    for t, prompt in zip(trajs, engine.prompts[1]):
+        assert t.finish_reason is TrajectoryEnd.ANSWER
+        assert max_total - room - 4 <= len(prompt) <= max_total - room  # as much as fits, not less
+        observed = observed_text(tokenizer, t)
+        assert "row0 row1" in observed and "row248 row249" in observed and "tokens]..." in observed
+        assert len(t.prompt_ids) + len(t.response_ids) <= max_total
+
+
+def test_observations_that_cannot_leave_room_end_the_trajectory(tokenizer):
+    task, executor = code_task()
+    first = len(render(tokenizer, task.messages, task.tools, True)) + len(ScriptedEngine(tokenizer, []).turn_ids(CALL))
+    # 20 tokens after the call: less than the tool message's frame, a marker and the room to sample
+    trajs, engine = run(tokenizer, executor, [task], [CALL, "Done."], max_total=first + 20)
+    assert engine.calls == 1
+    assert {t.finish_reason for t in trajs} == {TrajectoryEnd.TOKEN_BUDGET}
+    assert all(t.action_mask == [1] * len(t.response_ids) for t in trajs)  # no observation was appended
 
 
 @pytest.mark.parametrize("engine_name", ["hf", "torch"])

@@ -5,7 +5,8 @@ each one answers, produces an invalid turn, or runs out of turns or tokens. The 
 built token-in / token-out (`minirl.protocol.chat`), so every sampled token stays exactly as
 sampled and keeps its sampler log-prob. Every call gets an id (`call_<turn>_<i>`) that its tool
 message carries as `tool_call_id`, next to the tool's `name`; each tool result enters the context
-cut to `protocol.max_tool_output_tokens` tokens.
+cut to `protocol.max_tool_output_tokens` tokens (`protocol.observation_cut` says which ones stay), and further
+when the next prompt would leave fewer than `protocol.min_sample_room` tokens of the budget to sample.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from minirl.protocol.chat import (
     thinking_views,
     turn_deltas,
 )
-from minirl.protocol.observation import tool_messages
+from minirl.protocol.observation import fit_tool_messages
 from minirl.protocol.parsing import TurnKind, parse_turn
 from minirl.rollout.engine import Completion, Engine, SamplingParams
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
@@ -167,13 +168,21 @@ def _advance(
         return
     if not run_turn_tools(traj, turn, turn_index, executor, limits):
         return
-    observations = tool_messages(turn.tool_results, tokenizer, protocol.max_tool_output_tokens)
     assistant = _assistant_message(turn)
-    deltas = turn_deltas(tokenizer, state.history, traj.task.tools, observations, assistant["tool_calls"])
-    prompt, added = next_prompt(state.prompt, tokens, deltas)
-    if len(prompt) >= limits.max_total_tokens:
+    longest = limits.max_total_tokens - protocol.min_sample_room  # the next prompt, leaving room to sample
+
+    def within_budget(observations: list[dict]) -> tuple[list[dict], list[int], list[int]] | None:
+        deltas = turn_deltas(tokenizer, state.history, traj.task.tools, observations, assistant["tool_calls"])
+        prompt, added = next_prompt(state.prompt, tokens, deltas)
+        return (observations, prompt, added) if len(prompt) <= longest else None
+
+    fit = fit_tool_messages(
+        turn.tool_results, tokenizer, protocol.max_tool_output_tokens, protocol.observation_cut, within_budget
+    )
+    if fit is None:  # not even the markers alone leave room
         traj.finish_reason = TrajectoryEnd.TOKEN_BUDGET
         return
+    observations, prompt, added = fit
     traj.response_ids += added
     traj.action_mask += [0] * len(added)
     traj.sampler_logprobs += [0.0] * len(added)
