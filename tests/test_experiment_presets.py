@@ -14,11 +14,13 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from support import debug_config
+from support import compose_config, debug_config
 
-from minirl.config import register_configs
+from minirl.algos.advantages import ADV_ESTIMATORS
+from minirl.config import ObservationCut, register_configs
 from minirl.entry import CONF_DIR
 from minirl.trainer import train
 
@@ -63,6 +65,20 @@ def test_debug_keeps_what_each_preset_does(preset):
     for key, value in flat(CONF_DIR / "experiment" / f"{preset}.yaml").items():
         if not key.startswith(COST):
             assert OmegaConf.select(cfg, key) == value, key
+
+
+@pytest.mark.fast
+def test_retool_trains_with_retools_algorithm(tmp_path):
+    """The seed design's ReTool (agentic-rl-lab 05-retool): clip-higher 0.2 / 0.28, no KL term and so no reference
+    model, the reward minus its group's mean as the advantage, one optimizer step per rollout batch, every group
+    kept, and the end of a long tool output."""
+    cfg = compose_config(tmp_path, tmp_path, "experiment=retool")
+    assert (cfg.loss.name, cfg.loss.clip_low, cfg.loss.clip_high, cfg.loss.beta) == ("grpo", 0.2, 0.28, 0.0)
+    assert not cfg.algo.kl_in_reward  # and beta 0: the trainer loads no reference model
+    assert (cfg.trainer.ppo_epochs, cfg.trainer.mini_batches) == (1, 1) and not cfg.algo.dynamic_sampling
+    advantages = ADV_ESTIMATORS.get(cfg.algo.adv_estimator)(torch.tensor([1.0, -1.0, -1.0, -1.0]), 4, cfg.algo.adv_eps)
+    assert advantages.tolist() == [1.5, -0.5, -0.5, -0.5]  # r - mean(r) = r + 0.5, not divided by the std
+    assert cfg.protocol.observation_cut is ObservationCut.tail
 
 
 @pytest.mark.parametrize("preset", PRESETS)
