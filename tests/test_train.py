@@ -396,13 +396,16 @@ def test_only_a_reference_that_replays_as_written_guides(cache_dir, tmp_path):
     rejected = {**call, "function": {**call["function"], "arguments": {"no_such_argument": 1}}}
     broken = [{**task.reference[0], "tool_calls": [rejected]}, *task.reference[1:]]
     assert replayed_in_slot(trainer, reference_task(trainer, reference=broken), 3) is None
-    # a reference that runs past a turn limit, one the template cannot split into turns, and none at all
+    # a reference that runs past a turn limit, and none at all
     trainer.limits.max_new_tokens = 4
     assert replayed_in_slot(trainer, task, 3) is None
     trainer.limits.max_new_tokens = 96
-    leading_newline = [*task.reference[:-1], {**task.reference[-1], "content": "\n" + task.reference[-1]["content"]}]
-    assert replayed_in_slot(trainer, reference_task(trainer, reference=leading_newline), 3) is None
     assert replayed_in_slot(trainer, reference_task(trainer, reference=[]), 3) is None
+    # an answer that starts with a line break: the render merges it with the generation prompt's, but the tokens a
+    # model writes after that prompt are split from the text (assistant_turn), so it replays as written
+    leading_newline = [*task.reference[:-1], {**task.reference[-1], "content": "\n" + task.reference[-1]["content"]}]
+    guide = replayed_in_slot(trainer, reference_task(trainer, reference=leading_newline), 3)
+    assert guide.reward == 1.0 and guide.turns[-1].text == leading_newline[-1]["content"]
 
 
 def test_a_replayed_reference_pays_no_kl_in_the_reward_and_no_sampler_correction(cache_dir, tmp_path):
