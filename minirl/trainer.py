@@ -236,12 +236,10 @@ class Trainer:
 
     def memory_hint(self, phase: str, rows: int, trajs: list[Trajectory] | None = None):
         """Out of memory in `phase` becomes a TrainingError with its sizes and what to lower."""
-        cfg = self.cfg
         if trajs is None:
             hint = "lower rollout.group_size, trainer.prompts_per_step, algo.prompts_per_round"
-            return reported_out_of_memory(
-                phase, rows, cfg.rollout.max_total_tokens, f"{hint} or rollout.max_total_tokens"
-            )
+            longest = self.cfg.rollout.max_total_tokens
+            return reported_out_of_memory(phase, rows, longest, f"{hint} or rollout.max_total_tokens")
         longest = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
         hint = "lower trainer.micro_batch_size (gradients accumulate to the same update) or rollout.max_total_tokens"
         return reported_out_of_memory(phase, rows, longest, hint)
