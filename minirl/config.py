@@ -248,7 +248,8 @@ class ProtocolConfig:
     observation_cut: ObservationCut = ObservationCut.head_tail  # head_tail | tail (ReTool) | head: which tokens stay
     # the next prompt leaves at least this many tokens of rollout.max_total_tokens to sample: if it would not, the
     # turn's observations are cut to one lower token cap, the largest that leaves them; if even their markers alone
-    # leave fewer, the trajectory ends (TOKEN_BUDGET)
+    # leave fewer, the trajectory ends (TOKEN_BUDGET); a turn samples at most rollout.max_new_tokens, so no more
+    # room than that is asked for
     min_sample_room: int = 16
 
     def __post_init__(self) -> None:
@@ -579,11 +580,6 @@ class Config:
     def __post_init__(self) -> None:
         if self.loss.max_tokens_norm == 0:  # a default that depends on another section
             self.loss.max_tokens_norm = self.rollout.max_turns * self.rollout.max_new_tokens
-        _check(
-            self.protocol.min_sample_room <= self.rollout.max_new_tokens,
-            "protocol.min_sample_room",
-            f"must be <= rollout.max_new_tokens ({self.rollout.max_new_tokens}): a turn samples at most that many",
-        )
         batch = self.trainer.prompts_per_step * self.rollout.group_size
         _check(self.trainer.mini_batches <= batch, "trainer.mini_batches", f"must be <= {batch}, the batch's size")
         _check(

@@ -169,7 +169,8 @@ def _advance(
     if not run_turn_tools(traj, turn, turn_index, executor, limits):
         return
     assistant = _assistant_message(turn)
-    longest = limits.max_total_tokens - protocol.min_sample_room  # the next prompt, leaving room to sample
+    # the next prompt, leaving room to sample (no more than a turn samples)
+    longest = limits.max_total_tokens - min(protocol.min_sample_room, limits.max_new_tokens)
 
     def within_budget(observations: list[dict]) -> tuple[list[dict], list[int], list[int]] | None:
         deltas = turn_deltas(tokenizer, state.history, traj.task.tools, observations, assistant["tool_calls"])
