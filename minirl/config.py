@@ -480,6 +480,9 @@ class TrainerConfig:
     # false lets a few kernels (e.g. accumulating index writes) run in parallel in a varying order
     deterministic: bool = True
     device: str = "auto"  # auto | cpu | mps | cuda | cuda:N
+    # torch threads of this process (0: torch's own choice, one per core); a parallel sweep gives each job its
+    # share of the cores (minirl/sweep.py). Part of what makes a run repeat: the same seed and thread count
+    threads: int = 0
 
     def __post_init__(self) -> None:
         for key in ("steps", "prompts_per_step", "ppo_epochs", "mini_batches", "micro_batch_size", "eval_every"):
@@ -487,7 +490,7 @@ class TrainerConfig:
         _check(self.lr > 0, "trainer.lr", "must be > 0")
         _check(self.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0")
         _check(self.eval_temperature >= 0, "trainer.eval_temperature", "must be >= 0")
-        for key in ("save_every", "trajectories_every", "warmup_steps", "weight_decay"):
+        for key in ("save_every", "trajectories_every", "warmup_steps", "weight_decay", "threads"):
             _check(getattr(self, key) >= 0, f"trainer.{key}", "must be >= 0")
         _check(self.keep_last >= 1, "trainer.keep_last", "must be >= 1")
         _check(self.max_bad_steps >= 1, "trainer.max_bad_steps", "must be >= 1")
@@ -509,7 +512,25 @@ class LoggerConfig:
     backend: str = "wandb"  # registry key: wandb | none (metrics.jsonl and the console are always on)
     project: str = "minirl"
     mode: WandbMode = WandbMode.offline  # `logger.mode=online` streams to W&B
-    run_name: Optional[str] = None
+    run_name: Optional[str] = None  # null: in a sweep, the job's swept overrides (loss=cispo trainer.seed=1)
+    group: Optional[str] = None  # W&B's group; null: in a sweep, its hydra.sweep.dir, so the UI groups its runs
+
+
+@dataclass
+class SweepConfig:
+    """What a job of a multirun (`python -m minirl.train -m ...`) gives its sweeper, and what a rerun into the
+    same hydra.sweep.dir does (minirl/sweep.py)."""
+
+    # the metric a job returns to the sweeper (Optuna's objective): the mean of its last objective_window values
+    # in metrics.jsonl (eval/success_rate: the final held-out success rate)
+    objective: str = "eval/success_rate"
+    objective_window: int = 1
+    # a rerun into the same hydra.sweep.dir: a job that finished is skipped (its objective read back), one that
+    # was interrupted or failed runs again from its newest checkpoint (trainer.save_every), else from step 0
+    skip_finished: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.objective_window >= 1, "sweep.objective_window", "must be >= 1")
 
 
 @dataclass
@@ -572,10 +593,12 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     # Python modules imported at start-up, before any registry name resolves (minirl/validate.py), so that
     # their @tool functions, reward terms, losses, advantage estimators and datasets register
     imports: List[str] = field(default_factory=list)
     output_dir: str = "."  # set by the entry point to the Hydra run directory
+    overrides: List[str] = field(default_factory=list)  # set by the entry point: the job's command-line overrides
 
     def __post_init__(self) -> None:
         if self.loss.max_tokens_norm == 0:  # a default that depends on another section

@@ -1,10 +1,12 @@
 """What every command-line entry point shares (`cli`): fail fast with one clear line on a bad config, convert the
-composed config once to typed dataclasses, point it at the Hydra run directory, and only then load the job."""
+composed config once to typed dataclasses, point it at the Hydra run directory, record the job there (job.json,
+minirl/sweep.py: what a multirun does with failed, finished and interrupted jobs), and only then load the job."""
 
 from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
@@ -16,6 +18,7 @@ from rich.markup import escape
 
 from minirl.config import Config, register_configs, to_config
 from minirl.errors import ConfigError, DataError
+from minirl.sweep import Job, swept_keys
 
 # errors in what the user gave (config values, dataset files): one line and exit status 2, no traceback
 USER_ERRORS = {ConfigError: "config error", DataError: "data error"}
@@ -58,7 +61,7 @@ def check_value_overrides(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
         key = override.key_or_group
         if override.type is not OverrideType.CHANGE or override.is_sweep_override() or override.package is not None:
             continue
-        if key in groups or key.split(".")[0] == "hydra":
+        if key in groups or key.split(".")[0].split("/")[0] == "hydra":  # hydra.run.dir, hydra/launcher=joblib
             continue
         try:
             OmegaConf.update(schema, key, override.value(), merge=True)
@@ -81,22 +84,32 @@ def cli(job: str) -> None:
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
 
-    def main(dict_cfg: DictConfig) -> None:
-        run_job(dict_cfg, job)
+    command, swept = Path(sys.argv[0]).stem, swept_keys(sys.argv[1:])
+
+    # a closure, so that the launchers that run jobs in other processes (joblib, submitit) carry what it needs
+    def main(dict_cfg: DictConfig) -> float | None:
+        return run_job(dict_cfg, job, command, swept)
 
     # Hydra names the job (hydra.job.name, the run directory's <name>.log) after its function's module: make that
     # the command's (train, eval, serve, sft), not this helper's
-    main.__module__ = f"minirl.{Path(sys.argv[0]).stem}"
+    main.__module__ = f"minirl.{command}"
     hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")(main)()
 
 
-def run_job(dict_cfg: DictConfig, job: str) -> None:
-    """Convert the composed config, point it at the Hydra run directory and run `job` ("module:function") on it;
-    a user error (a config value, a dataset file) is one line and exit status 2, no traceback."""
+def run_job(dict_cfg: DictConfig, job: str, command: str = "", swept: Sequence[str] = ()) -> float | None:
+    """Convert the composed config, point it at the Hydra run directory and run `job` ("module:function") on it,
+    recorded in the run directory's job.json; returns the job's objective (sweep.objective) for the sweeper. A
+    multirun job that finished before is skipped, one that was interrupted resumes (minirl/sweep.py). A user error
+    (a config value, a dataset file) is one line and exit status 2, no traceback; in a multirun it fails the job
+    and the sweep goes on."""
     console = Console()
+    run = Job.from_hydra(HydraConfig.get(), command, swept)
     try:
         cfg = to_config(dict_cfg)
-        cfg.output_dir = HydraConfig.get().runtime.output_dir
+        cfg.output_dir = str(run.run_dir)
+        if run.prepare(cfg, console):  # finished before, in a rerun of the sweep
+            return run.skipped_objective
+        run.start()
         from transformers.utils import logging as hf_logging  # slow to import: only once the config is valid
 
         hf_logging.disable_progress_bar()  # the console shows our own progress; keep it readable
@@ -104,7 +117,14 @@ def run_job(dict_cfg: DictConfig, job: str) -> None:
         # late on purpose: the job's module loads torch and the library, which a config error should not wait for
         function = getattr(importlib.import_module(module), name)
         function(cfg, console)
+        return run.finish(cfg.sweep)
     except tuple(USER_ERRORS) as err:
+        run.fail(err, console)
         label = next(label for kind, label in USER_ERRORS.items() if isinstance(err, kind))
         console.print(f"[bold red]{label}:[/] {escape(str(err))}", highlight=False, soft_wrap=True)  # one line
+        if run.multirun:
+            raise  # Hydra records the job as failed and runs the others
         sys.exit(2)
+    except BaseException as err:
+        run.fail(err, console)
+        raise

@@ -1,12 +1,10 @@
-"""Per-step statistics of a batch of trajectories, under stable namespaced keys, and the paired sign test of
-held-out tasks gained and lost."""
+"""Per-step statistics of a batch of trajectories, under stable namespaced keys (the paired sign test of held-out
+tasks gained and lost is in minirl/stats.py)."""
 
 from __future__ import annotations
 
-import math
 import typing
 from collections import Counter
-from collections.abc import Sequence
 from statistics import fmean, pstdev
 
 import torch
@@ -105,17 +103,3 @@ def advantage_metrics(advantages: torch.Tensor) -> dict[str, float]:
         "adv/min": advantages.min().item(),
         "adv/max": advantages.max().item(),
     }
-
-
-def sign_test_p(wins: int, losses: int) -> float:
-    """Two-sided exact sign test: the probability, when each of the wins + losses discordant tasks is a fair
-    coin, of a split at least as uneven as this one (McNemar's exact test for one sample per task)."""
-    n = wins + losses
-    tail = sum(math.comb(n, k) for k in range(min(wins, losses) + 1)) / 2**n
-    return min(1.0, 2 * tail)
-
-
-def paired_split(before: Sequence[float], after: Sequence[float]) -> tuple[int, int]:
-    """Task by task (the same order in both): (tasks `after` scores higher on, tasks `before` scores higher on)."""
-    pairs = list(zip(before, after, strict=True))
-    return sum(b > a for a, b in pairs), sum(a > b for a, b in pairs)

@@ -11,9 +11,12 @@ import torch
 from minirl.errors import ConfigError
 
 
-def seed_everything(seed: int, deterministic: bool) -> None:
+def seed_everything(seed: int, deterministic: bool, threads: int = 0) -> None:
     """Seed every RNG; `deterministic` also picks kernels whose float sums run in a fixed order, so that a
-    seed gives the same run each time (on CPU, accumulating index writes otherwise add in thread order)."""
+    seed gives the same run each time (on CPU, accumulating index writes otherwise add in thread order).
+    `threads` > 0 sets torch's thread count, which float sums depend on too (0 leaves torch's own)."""
+    if threads:
+        torch.set_num_threads(threads)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -20,7 +20,8 @@ def run_sft(cfg, console) -> None:
     from minirl.validate import validate
 
     validate(cfg)  # every name resolved before the base model is built or loaded
-    seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)  # on the tiny model: the cached warm start exactly
+    # on the tiny model: the cached warm start exactly
+    seed_everything(cfg.trainer.seed, cfg.trainer.deterministic, cfg.trainer.threads)
     device = resolve_device(cfg.trainer.device, cfg.trainer.deterministic)
     path = model_path(cfg, console, warm_start=False)
     model, tokenizer = load_model(path, cfg, device), load_tokenizer(path, cfg)

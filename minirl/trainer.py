@@ -4,13 +4,12 @@
     (-> sync check) -> metrics (-> trajectories.jsonl every trainer.trajectories_every steps -> held-out eval
     -> checkpoint)
 
-The parts of a step are functions with explicit inputs in minirl/training/: which groups a step learns
-from (groups.py), reward shaping (shaping.py), the tensor layout (batch.py), pi_old, the rollout
-correction and the optimizer steps (update.py), the check that the sampler moved with the trainer every
-rollout.sync_check_every steps (sync_check.py). A step whose loss or gradient is not finite skips its
-update (trainer.max_bad_steps in a row stop the run); `trainer.resume=auto` continues from the run
-directory's newest checkpoint (minirl/training/checkpoint.py) with the same optimizer, schedule, RNG and
-data position, so the run goes on as if never stopped.
+The parts of a step are functions with explicit inputs in minirl/training/: which groups a step learns from
+(groups.py), reward shaping (shaping.py), the tensor layout (batch.py), pi_old, the rollout correction and the
+optimizer steps (update.py), the check that the sampler moved with the trainer every rollout.sync_check_every
+steps (sync_check.py). A step whose loss or gradient is not finite skips its update (trainer.max_bad_steps in a
+row stop the run); `trainer.resume=auto` continues from the run directory's newest checkpoint
+(minirl/training/checkpoint.py) with the same optimizer, schedule, RNG and data position, as if never stopped.
 
 Example (what `python -m minirl.train` runs after composing the config):
 
@@ -43,7 +42,7 @@ from minirl.inspection import (
     trajectory_table,
     write_trajectories,
 )
-from minirl.metrics import advantage_metrics, group_metrics, heldout_metrics, paired_split, rollout_metrics, sign_test_p
+from minirl.metrics import advantage_metrics, group_metrics, heldout_metrics, rollout_metrics
 from minirl.models.loading import load_model, load_tokenizer
 from minirl.protocol.chat import template_fit, thinking_views
 from minirl.rewards import SUCCESS_CRITERIA, score_all
@@ -52,6 +51,7 @@ from minirl.rollout.engine import build_engine
 from minirl.rollout.thinking import draw_thinking
 from minirl.rollout.trajectory import Trajectory
 from minirl.runtime import resolve_device, seed_everything
+from minirl.stats import paired_split, sign_test_p
 from minirl.tools import ToolExecutor
 from minirl.tools.base import check_offered_tools
 from minirl.tracking import Tracker
@@ -84,7 +84,7 @@ class Trainer:
     def __init__(self, cfg: Config, path: str, console: Console | None = None) -> None:
         """Everything a run holds, for the model at `path` (minirl.bootstrap.model_path resolves it)."""
         validate(cfg)
-        seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
+        seed_everything(cfg.trainer.seed, cfg.trainer.deterministic, cfg.trainer.threads)
         self.cfg, self.console = cfg, console or Console()
         self.run_dir = Path(cfg.output_dir)
         self.device = resolve_device(cfg.trainer.device, cfg.trainer.deterministic)
@@ -119,43 +119,42 @@ class Trainer:
         result = TrainResult(run_dir=self.run_dir)
         started = time.perf_counter()
         state = self.resume() if cfg.trainer.resume is Resume.auto else None
-        tracker = Tracker(
+        with Tracker(
             cfg, self.run_dir, console, resume_step=self.step if state else None, run_id=state and state["run_id"]
-        )
-        fit = template_fit(self.tokenizer)
-        console.print(lines.construction_line(fit.construction.value, fit.tool_rounds), highlight=False)
-        if state is None:
-            self.log_eval(0, tracker, result)
-            if self.skipped_rows:
-                tracker.log(0, {"data/skipped_rows": float(len(self.skipped_rows))})
-                console.print(lines.skipped_rows_warning(self.skipped_rows), highlight=False)
-        else:
-            result.eval_history = state["eval_history"]
-            result.solved_at_start = state.get("solved_at_start", [])  # absent from older checkpoints
-        for step in range(self.step + 1, cfg.trainer.steps + 1):
-            self.step = step
-            metrics, trajs = self.train_step()
-            tracker.log(step, metrics)
-            console.print(lines.step_line(step, cfg.trainer.steps, metrics))
-            self.bad_steps.count(step, int(metrics.get("faults/skipped_updates", 0)), console)
-            if cfg.trainer.trajectories_every and step % cfg.trainer.trajectories_every == 0 and trajs:
-                records = write_trajectories(
-                    self.run_dir / TRAJECTORIES_FILE, step, trajs, [t.advantage for t in trajs], self.tokenizer,
-                    solved=self.solved,
-                )  # fmt: skip
-                tracker.log_table(step, "rollout/trajectories", *trajectory_table(records))
-            if step % cfg.trainer.eval_every == 0 or step == cfg.trainer.steps:
-                self.log_eval(step, tracker, result)
-            if cfg.trainer.save_every and (step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps):
-                state = {**self.state_dict(), "run_id": tracker.run_id, "eval_history": result.eval_history}
-                state["solved_at_start"] = result.solved_at_start
-                save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, state, cfg.trainer.keep_last)
-        if cfg.trainer.save_final:
-            final = self.run_dir / "checkpoint"
-            self.policy.save_pretrained(final)
-            self.tokenizer.save_pretrained(final)
-            console.print(f"saved the final policy to {final}")
-        tracker.close()
+        ) as tracker:  # closed, a failed run marked failed, however the run ends
+            fit = template_fit(self.tokenizer)
+            console.print(lines.construction_line(fit.construction.value, fit.tool_rounds), highlight=False)
+            if state is None:
+                self.log_eval(0, tracker, result)
+                if self.skipped_rows:
+                    tracker.log(0, {"data/skipped_rows": float(len(self.skipped_rows))})
+                    console.print(lines.skipped_rows_warning(self.skipped_rows), highlight=False)
+            else:
+                result.eval_history = state["eval_history"]
+                result.solved_at_start = state.get("solved_at_start", [])  # absent from older checkpoints
+            for step in range(self.step + 1, cfg.trainer.steps + 1):
+                self.step = step
+                metrics, trajs = self.train_step()
+                tracker.log(step, metrics)
+                console.print(lines.step_line(step, cfg.trainer.steps, metrics))
+                self.bad_steps.count(step, int(metrics.get("faults/skipped_updates", 0)), console)
+                if cfg.trainer.trajectories_every and step % cfg.trainer.trajectories_every == 0 and trajs:
+                    records = write_trajectories(
+                        self.run_dir / TRAJECTORIES_FILE, step, trajs, [t.advantage for t in trajs], self.tokenizer,
+                        solved=self.solved,
+                    )  # fmt: skip
+                    tracker.log_table(step, "rollout/trajectories", *trajectory_table(records))
+                if step % cfg.trainer.eval_every == 0 or step == cfg.trainer.steps:
+                    self.log_eval(step, tracker, result)
+                if cfg.trainer.save_every and (step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps):
+                    state = {**self.state_dict(), "run_id": tracker.run_id, "eval_history": result.eval_history}
+                    state["solved_at_start"] = result.solved_at_start
+                    save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, state, cfg.trainer.keep_last)
+            if cfg.trainer.save_final:
+                final = self.run_dir / "checkpoint"
+                self.policy.save_pretrained(final)
+                self.tokenizer.save_pretrained(final)
+                console.print(f"saved the final policy to {final}")
         result.wall_s = time.perf_counter() - started
         return result
 
@@ -275,6 +274,7 @@ class Trainer:
             metrics.update({"eval/tasks_gained": float(gained), "eval/tasks_lost": float(lost), "eval/sign_test_p": p})
             change = f"; since step 0: {gained} tasks gained, {lost} lost, sign test p {p:.3f}"
         tracker.log(step, metrics)
+        tracker.log_heldout(step, [task.id for task in self.heldout], solved)  # pairs runs task by task (the report)
         result.eval_history.append((step, metrics["eval/success_rate"]))
         self.console.print(lines.eval_line(step, metrics, len(self.heldout), change))
         sample = trajs[step // max(1, self.cfg.trainer.eval_every) % len(trajs)]  # a different task each time

@@ -31,13 +31,13 @@ from minirl.evaluation.chat_loop import run_chat_agent
 from minirl.evaluation.compare import paired_rows
 from minirl.evaluation.evaluator import evaluate
 from minirl.evaluation.report import EvalReport, ReportError
-from minirl.metrics import sign_test_p
 from minirl.protocol.formats import CALL_FORMATS
 from minirl.protocol.parsing import TurnKind, parse_message, parse_turn
 from minirl.rollout.agent_loop import AgentLimits
 from minirl.rollout.engine import SamplingParams
 from minirl.serving.openai_api import Choice, ChoiceDelta, ResponseHeader
 from minirl.serving.turn_splitter import TurnSplitter
+from minirl.stats import sign_test_p
 from minirl.tools import ToolExecutor, build_tools
 
 register_configs()

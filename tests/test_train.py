@@ -20,8 +20,9 @@ from minirl.bootstrap import model_path
 from minirl.config import register_configs
 from minirl.data.task import Task
 from minirl.inference.decoding import prompt_shared_logits
-from minirl.metrics import group_metrics, sign_test_p
+from minirl.metrics import group_metrics
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
+from minirl.stats import sign_test_p
 from minirl.trainer import Trainer, train
 from minirl.training.batch import collate, micro_batches, token_logprobs
 from minirl.training.shaping import kl_shaped, punish_overlong, replayed

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from minirl.evaluation.report import EvalReport, ReportError, Value, format_value
-from minirl.metrics import paired_split, sign_test_p
+from minirl.stats import paired_split, sign_test_p
 
 Row = tuple[str, str, str, str]  # key, A, B, B - A
 

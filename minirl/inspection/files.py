@@ -1,5 +1,7 @@
 """The run directory's JSON-lines files: `trajectories.jsonl` (written here, one record per line, see
-`minirl.inspection.record`) and `metrics.jsonl` (one row per `Tracker.log` call), read back tolerantly.
+`minirl.inspection.record`), `metrics.jsonl` (one row per `Tracker.log` call) and `heldout.jsonl` (one row per
+held-out evaluation: {"step": N, "tasks": [task id, ...], "solved": [0 or 1, ...]}, in held-out task order, which
+pairs two runs' evaluations task by task), read back tolerantly.
 
 A run that crashed, or is still writing, may end in a partial line: readers skip it, and the next
 `write_trajectories` cuts it off before appending.
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
 
 TRAJECTORIES_FILE = "trajectories.jsonl"
 METRICS_FILE = "metrics.jsonl"
+HELDOUT_FILE = "heldout.jsonl"
+RUN_FILES = (METRICS_FILE, TRAJECTORIES_FILE, HELDOUT_FILE)  # what a resumed run cuts back to its checkpoint
 _BLOCK = 1 << 16
 
 
@@ -75,7 +79,7 @@ def write_trajectories(
 
 def keep_through_step(path: Path, step: int) -> None:
     """Rewrite a run file keeping only its complete rows with "step" <= `step` (resuming from that step's
-    checkpoint: later rows are logged again). A missing file stays missing."""
+    checkpoint: later rows are logged again; -1 keeps none). A missing file stays missing."""
     if not path.exists():
         return
     _drop_partial_line(path)

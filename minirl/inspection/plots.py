@@ -10,19 +10,33 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html import escape
 
-PALETTE = ("#1c7ed6", "#e8590c", "#2f9e44", "#ae3ec9", "#f08c00")
+PALETTE = ("#1c7ed6", "#e8590c", "#2f9e44", "#ae3ec9", "#f08c00", "#0ca678", "#e03131", "#5c940d", "#495057", "#d6336c")
 MAX_MARKED_POINTS = 30  # sparser series (evaluations) get a dot per point
 _LEFT, _RIGHT, _TOP, _BOTTOM = 58, 16, 52, 44  # margins around the plot area, px
 _CHAR_WIDTH = 6.5  # px per character of 11 px sans-serif text, to lay out the legend
+_LEGEND_ROW = 16  # px between legend rows
 
 
 @dataclass
 class Series:
     label: str
     points: list[tuple[float, float]]  # (x, y) in x order
+    band: list[tuple[float, float, float]] = field(default_factory=list)  # (x, low, high): a spread, shaded
+
+
+def _legend_layout(labels: list[str], left: float, right: float) -> list[tuple[float, int]]:
+    """(x, row) of each legend entry: a line sample and its label, left to right, a new row when one is full."""
+    layout, x, row = [], left, 0
+    for label in labels:
+        width = 23 + len(label) * _CHAR_WIDTH
+        if x > left and x + width > right:
+            x, row = left, row + 1
+        layout.append((x, row))
+        x += width + 16
+    return layout
 
 
 def nice_ticks(low: float, high: float, count: int = 5, integer: bool = False) -> list[float]:
@@ -58,21 +72,25 @@ def line_plot(
     width: int = 520,
     height: int = 300,
 ) -> str:
-    """An <svg> element: one line per series (integer x, e.g. steps), y ticks as percentages when
-    `percent`; the y axis covers the data and `y_range` when given. Series without points are left out;
-    without any point the plot says so."""
-    left, right, top, bottom = _LEFT, width - _RIGHT, _TOP, height - _BOTTOM
+    """An <svg> element: one line per series (integer x, e.g. steps), over its band shaded where it has one, y ticks
+    as percentages when `percent`; the y axis covers the data and `y_range` when given. Series without points are
+    left out; without any point the plot says so."""
+    series = [s for s in series if s.points]
+    legend = _legend_layout([s.label for s in series], _LEFT, width - _RIGHT)
+    height += _LEGEND_ROW * max((row for _, row in legend), default=0)  # more legend rows: the plot moves down
+    top = _TOP + _LEGEND_ROW * max((row for _, row in legend), default=0)
+    left, right, bottom = _LEFT, width - _RIGHT, height - _BOTTOM
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         'font-family="sans-serif" font-size="11" fill="#222">',
         _text(left, 18, title, extra=' font-size="14" font-weight="bold"'),
     ]
-    series = [s for s in series if s.points]
     points = [p for s in series for p in s.points]
     if not points:
         parts.append(_text((left + right) / 2, (top + bottom) / 2, "no data", "middle"))
         return "\n".join([*parts, "</svg>"])
-    xs, ys = [x for x, _ in points], [y for _, y in points]
+    spreads = [y for s in series for _, low, high in s.band for y in (low, high)]
+    xs, ys = [x for x, _ in points], [y for _, y in points] + spreads
     x_ticks = nice_ticks(min(xs), max(xs), integer=True)
     y_bounds = [*ys, *(y_range or ())]
     y_ticks = nice_ticks(min(y_bounds), max(y_bounds))
@@ -95,13 +113,18 @@ def line_plot(
     parts.append(_text((left + right) / 2, height - 6, x_label, "middle"))
     y_middle = (top + bottom) / 2
     parts.append(_text(14, y_middle, y_label, "middle", f' transform="rotate(-90 14 {y_middle:.1f})"'))
-    legend_x = left
-    for s, colour in zip(series, itertools.cycle(PALETTE)):
+    for s, colour, (legend_x, row) in zip(series, itertools.cycle(PALETTE), legend):
+        if s.band:  # the high edge left to right, then the low edge back
+            edge = [(x, high) for x, _, high in s.band] + [(x, low) for x, low, _ in reversed(s.band)]
+            outline = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in edge)
+            parts.append(f'<polygon points="{outline}" fill="{colour}" fill-opacity="0.15" stroke="none"/>')
         coordinates = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s.points)
         parts.append(f'<polyline points="{coordinates}" fill="none" stroke="{colour}" stroke-width="2"/>')
         if len(s.points) <= MAX_MARKED_POINTS:
             parts += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{colour}"/>' for x, y in s.points]
-        parts.append(f'<line x1="{legend_x}" y1="36" x2="{legend_x + 18}" y2="36" stroke="{colour}" stroke-width="3"/>')
-        parts.append(_text(legend_x + 23, 40, s.label))
-        legend_x += 23 + len(s.label) * _CHAR_WIDTH + 16
+        y = 36 + row * _LEGEND_ROW
+        parts.append(
+            f'<line x1="{legend_x}" y1="{y}" x2="{legend_x + 18}" y2="{y}" stroke="{colour}" stroke-width="3"/>'
+        )
+        parts.append(_text(legend_x + 23, y + 4, s.label))
     return "\n".join([*parts, "</svg>"])
