@@ -29,18 +29,19 @@ PRESETS = sorted(path.stem for path in (CONF_DIR / "experiment").glob("*.yaml"))
 COST = ("model.", "sft.", "trainer.", "data.", "logger.", "rollout.group_size", "rollout.max_new_tokens")
 
 
+def flat_tree(node: dict, prefix: str = "") -> dict[str, object]:
+    """A config tree's leaves by their dotted paths (a study's `hydra.sweeper.params.trainer.seed` included)."""
+    out = {}
+    for key, value in node.items():
+        out.update(flat_tree(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
 def flat(path: Path) -> dict[str, object]:
     """The keys a config file sets, dotted (its defaults list left out)."""
     tree = OmegaConf.to_container(OmegaConf.load(path))
     tree.pop("defaults", None)
-
-    def walk(node: dict, prefix: str) -> dict[str, object]:
-        out = {}
-        for key, value in node.items():
-            out.update(walk(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
-        return out
-
-    return walk(tree, "")
+    return flat_tree(tree)
 
 
 def kept_from_debug(preset: str) -> list[str]:
@@ -61,10 +62,12 @@ def test_debug_keeps_what_each_preset_does(preset):
     """The composed debug run has every setting of the preset but the ones that set its cost."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose("config", overrides=["debug=cpu", f"experiment={preset}", *kept_from_debug(preset)])
+        overrides = ["debug=cpu", f"experiment={preset}", *kept_from_debug(preset)]
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)  # a study's sweep settings too
+    composed = flat_tree(OmegaConf.to_container(cfg))
     for key, value in flat(CONF_DIR / "experiment" / f"{preset}.yaml").items():
         if not key.startswith(COST):
-            assert OmegaConf.select(cfg, key) == value, key
+            assert composed[key] == value, key
 
 
 @pytest.mark.fast
