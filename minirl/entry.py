@@ -119,11 +119,11 @@ def run_job(dict_cfg: DictConfig, job: str, command: str = "", swept: Sequence[s
         function(cfg, console)
         return run.finish(cfg.sweep)
     except tuple(USER_ERRORS) as err:
-        run.fail(err, console)
-        label = next(label for kind, label in USER_ERRORS.items() if isinstance(err, kind))
-        console.print(f"[bold red]{label}:[/] {escape(str(err))}", highlight=False, soft_wrap=True)  # one line
+        run.fail(err, console)  # in a multirun it says so on the console
         if run.multirun:
             raise  # Hydra records the job as failed and runs the others
+        label = next(label for kind, label in USER_ERRORS.items() if isinstance(err, kind))
+        console.print(f"[bold red]{label}:[/] {escape(str(err))}", highlight=False, soft_wrap=True)  # one line
         sys.exit(2)
     except BaseException as err:
         run.fail(err, console)

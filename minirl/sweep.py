@@ -173,7 +173,8 @@ class Job:
         return (self.previous or {}).get("objective")
 
     def start(self) -> None:
-        attempts = (self.previous or {}).get("attempts", 0) if self.owns_previous() else 0
+        before = (self.previous or {}) if self.owns_previous() else {}  # this job's earlier attempts
+        now = time.time()
         self.record = {
             "status": JobStatus.running.value,
             "command": self.command,
@@ -181,11 +182,12 @@ class Job:
             "swept": self.swept,
             "job_num": self.num if self.multirun else None,
             "sweep_dir": self.sweep_dir or None,
-            "attempts": attempts + 1,
+            "attempts": before.get("attempts", 0) + 1,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "threads": None,
-            "started": time.time(),
+            "first_started": before.get("first_started", before.get("started", now)),  # the report's order
+            "started": now,
             "ended": None,
             "wall_s": None,
             "objective": None,
@@ -202,7 +204,7 @@ class Job:
         write_job(self.run_dir, self.record)
 
     def finish(self, sweep: SweepConfig) -> float | None:
-        value = objective(self.run_dir, sweep) if (self.run_dir / METRICS_FILE).exists() else None
+        value = objective(self.run_dir, sweep)
         self.end(JobStatus.finished, objective=value)
         return value
 
@@ -210,6 +212,9 @@ class Job:
         """Record the failure (one that came before the start too, a config error, unless the directory belongs to
         another job or to this one running now) and, in a multirun, say it on the console."""
         if isinstance(err, JobConflict):
+            console.print(
+                f"[bold red]{escape(self.label)} not run[/]: {escape(str(err))}", highlight=False, soft_wrap=True
+            )
             return
         if not self.record:
             self.start()

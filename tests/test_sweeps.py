@@ -145,6 +145,16 @@ def test_a_failing_job_leaves_the_others_to_finish_and_a_rerun_skips_the_finishe
 
 
 @pytest.mark.slow
+def test_a_config_error_in_one_jobs_values_fails_that_job_alone(cache_dir, tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = train(cache_dir, sweep, "trainer.lr=-1,3e-4", "trainer.steps=1", check=False)
+    assert proc.returncode != 0 and "job 0 (trainer.lr=-1) failed: ConfigError: trainer.lr: must be > 0" in proc.stdout
+    first, second = (read_job(job) for job in jobs(sweep))
+    assert (first["status"], first["error"]) == ("failed", "ConfigError: trainer.lr: must be > 0")
+    assert second["status"] == "finished" and second["objective"] is not None
+
+
+@pytest.mark.slow
 def test_a_sweep_killed_in_a_job_resumes_that_job_and_skips_the_finished_one(cache_dir, tmp_path):
     sweep, steps = tmp_path / "sweep", 12
     args = ("trainer.seed=0,1", f"trainer.steps={steps}", "trainer.eval_every=4", "trainer.save_every=1")
