@@ -83,6 +83,7 @@ def line_plot(
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         'font-family="sans-serif" font-size="11" fill="#222">',
+        f'<rect width="{width}" height="{height}" fill="#fff"/>',  # opaque on a dark page too (a standalone file)
         _text(left, 18, title, extra=' font-size="14" font-weight="bold"'),
     ]
     points = [p for s in series for p in s.points]

@@ -69,7 +69,7 @@ class ConfigRow:
 
     @property
     def label(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in self.config.items()) or "(all runs)"
+        return " ".join(f"{k}={v}" for k, v in self.config.items() if v != ABSENT) or "all runs"
 
 
 @dataclass
@@ -164,7 +164,9 @@ def fold(runs: list[Run], metric: str, replicate: list[str], baseline: dict[str,
         row.stats = {name: Stat.of([s[name] for s in summaries if s[name] is not None]) for name in FIGURES}
     table = Table(metric, replicate, varying, list(rows.values()))
     if baseline:
-        matches = [row for row in table.rows if all(row.config.get(k) == v for k, v in baseline.items())]
+        matches = [
+            row for row in table.rows if all(run.overrides.get(k) == v for k, v in baseline.items() for run in row.runs)
+        ]
         if len(matches) != 1:
             wanted = " ".join(f"{k}={v}" for k, v in baseline.items())
             known = "; ".join(row.label for row in table.rows)

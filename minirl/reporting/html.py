@@ -38,7 +38,7 @@ def curve_svg(table: Table, key: str) -> str:
         [mean_curve(row, key) for row in table.rows],
         key,
         "step",
-        "points" if rate else key.rsplit("/", 1)[-1],
+        key.rsplit("/", 1)[-1],
         y_range=(0.0, 1.0) if rate else None,
         percent=rate,
         width=760,

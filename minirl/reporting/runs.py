@@ -11,6 +11,7 @@ records has status `unknown`.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,8 +68,8 @@ def _is_run(path: Path, names: set[str]) -> bool:
 
 
 def find_runs(root: Path) -> list[Run]:
-    """The runs at or under `root`, in path order (job numbers in numeric order). RunFileError when `root` is
-    not a directory or holds none."""
+    """The runs at or under `root` in the order they first started (runs without a record last, by job number).
+    RunFileError when `root` is not a directory or holds none."""
     if not root.is_dir():
         raise RunFileError(f"no directory at {root}")
     found = []
@@ -81,5 +82,10 @@ def find_runs(root: Path) -> list[Run]:
             subdirs[:] = [d for d in subdirs if d not in _NOT_RUNS]
     if not found:
         raise RunFileError(f"no runs under {root} (a run directory holds {JOB_FILE} or {METRICS_FILE})")
-    order = [tuple(int(p) if p.isdigit() else 0 for p in path.relative_to(root).parts) for path in found]
-    return [load_run(path) for _, path in sorted(zip(order, found), key=lambda pair: (pair[0], str(pair[1])))]
+    runs = [load_run(path) for path in found]
+
+    def order(run: Run) -> tuple:  # when it first started (sweeps in the order they ran), then its job number
+        numbers = tuple(int(p) if p.isdigit() else 0 for p in run.path.relative_to(root).parts)
+        return (run.record.get("first_started", run.record.get("started", math.inf)), numbers, str(run.path))
+
+    return sorted(runs, key=order)

@@ -54,6 +54,13 @@ def stat_text(stat: Stat | None, figure: str, rate: bool) -> str:
     return text
 
 
+def p_text(p: float | None) -> str:
+    """A p-value to 3 decimals, or `<0.001`."""
+    if p is None:
+        return "-"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def status_text(row: ConfigRow) -> str:
     """`3/3`, or `2/3 (1 failed)`: finished runs of all the configuration's runs, and what the others are."""
     counts = row.status
@@ -92,7 +99,7 @@ def text_rows(table: Table) -> Iterator[list[str]]:
                 c = row.vs_baseline
                 diff = stat_text(c.diff, "diff", rate) + (f" (n {c.diff.n})" if c.diff else "")
                 tasks = f"{c.tasks_gained}/{c.tasks_lost}" if c.tasks_gained is not None else "-"
-                cells += [diff, tasks, f"{c.p:.3f}" if c.p is not None else "-"]
+                cells += [diff, tasks, p_text(c.p)]
         yield cells
 
 
