@@ -108,11 +108,11 @@ MODEL_PRESET_SECTIONS = {"model", "protocol", "rollout", "trainer"}
 
 
 @pytest.mark.fast
-def test_only_experiment_debug_and_model_presets_reach_outside_their_group():
+def test_only_experiment_search_debug_and_model_presets_reach_outside_their_group():
     """A group file sets its own section; presets that set several (`# @package _global_`), such as an
-    algorithm's loss and algo.* together, are experiments (or the debug preset). A model preset may also set
-    what its model decides (MODEL_PRESET_SECTIONS), and nothing else."""
-    for group in set(GROUPS) - {"experiment", "debug", "model"}:
+    algorithm's loss and algo.* together, are experiments (or a search, whose sweep is Hydra's, or the debug
+    preset). A model preset may also set what its model decides (MODEL_PRESET_SECTIONS), and nothing else."""
+    for group in set(GROUPS) - {"experiment", "hparams_search", "debug", "model"}:
         for option in options(group):
             assert "@package" not in (CONF_DIR / group / f"{option}.yaml").read_text(), f"{group}/{option}.yaml"
     for option in options("model"):
