@@ -224,3 +224,11 @@ def test_a_plot_shades_each_band_and_wraps_a_long_legend():
     svg = line_plot(series, "success", "step", "points", y_range=(0, 1), percent=True)
     assert svg.count("<polygon") == 4
     assert 'height="316"' in svg  # two entries a row: one legend row more than the 300 px plot has room for
+
+
+def test_a_baseline_of_true_or_false_matches_a_sweeps_recorded_value_in_any_case(tmp_path):
+    for num, guide in enumerate(("True", "False")):  # what Hydra records for algo.guide=true,false
+        write_run(tmp_path / str(num), [f"algo.guide={guide}"], {0: 0.3, 2: 0.4 + 0.1 * num})
+    table = fold(find_runs(tmp_path), "eval/success_rate", ["trainer.seed"], {"algo.guide": "false"})
+    assert table.baseline.config == {"algo.guide": "False"}
+    assert table.rows[0].vs_baseline.diff.mean == pytest.approx(-0.1)

@@ -110,6 +110,13 @@ def summarise(run: Run, metric: str) -> dict:
     }
 
 
+def same_value(override: str, wanted: str) -> bool:
+    """Whether an override's value is the one asked for; true and false in any case (a sweep of `true,false`
+    records `True` and `False`)."""
+    booleans = ("true", "false")
+    return override == wanted or (override.lower() in booleans and override.lower() == wanted.lower())
+
+
 def varying_keys(runs: list[Run], replicate: list[str]) -> list[str]:
     """Keys whose value differs between runs, or that some runs do not set, in first-seen order."""
     keys = list(dict.fromkeys(key for run in runs for key in run.overrides))
@@ -165,7 +172,9 @@ def fold(runs: list[Run], metric: str, replicate: list[str], baseline: dict[str,
     table = Table(metric, replicate, varying, list(rows.values()))
     if baseline:
         matches = [
-            row for row in table.rows if all(run.overrides.get(k) == v for k, v in baseline.items() for run in row.runs)
+            row
+            for row in table.rows
+            if all(same_value(run.overrides.get(k, ABSENT), v) for k, v in baseline.items() for run in row.runs)
         ]
         if len(matches) != 1:
             wanted = " ".join(f"{k}={v}" for k, v in baseline.items())
