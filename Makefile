@@ -29,7 +29,7 @@ help: ## list the targets
 
 define pip_install
 	$(PYTHON) -m pip install "$(TORCH_CPU)"
-	$(PYTHON) -m pip install -e ".[dev,serve,sweep]"
+	$(PYTHON) -m pip install -e ".[dev,serve,sweep,lora]"
 endef
 
 $(VENV)/bin/python:
@@ -39,7 +39,7 @@ $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
 	$(pip_install)
 	touch $@
 
-install: $(if $(SETUP),| $(VENV)/bin/python) ## (re)install minirl in editable mode with the dev, serve and sweep extras (CPU torch pinned first)
+install: $(if $(SETUP),| $(VENV)/bin/python) ## (re)install minirl in editable mode with the dev, serve, sweep and lora extras (CPU torch pinned first)
 	$(pip_install)
 	$(if $(SETUP),touch $(SETUP))
 

@@ -101,6 +101,27 @@ class TinyModelConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters on the policy (peft, the lora extra): with r > 0 only the adapters train and are saved, the
+    reference is the same weights with the adapters off (no second model in memory), and the engines sample from
+    base plus adapters (minirl/inference/adapters.py). r = 0: the whole model trains."""
+
+    r: int = 0  # the adapters' rank; 0 = no adapters
+    alpha: float = 16.0  # the update is scaled by alpha / r
+    dropout: float = 0.0  # on the adapters' input, in training only
+    # the linear layers that get an adapter (module names; Llama / Qwen's attention and MLP projections)
+    target_modules: List[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.r >= 0, "model.lora.r", "must be >= 0 (0 = no adapters)")
+        _check(self.alpha > 0, "model.lora.alpha", "must be > 0")
+        _check(0 <= self.dropout < 1, "model.lora.dropout", "must be in [0, 1)")
+        _check(bool(self.target_modules), "model.lora.target_modules", "must name at least one module")
+
+
+@dataclass
 class ModelConfig:
     # "tiny" = the embedded model this project builds; anything else is a Hugging Face hub id or a
     # local directory written by save_pretrained (e.g. Qwen/Qwen2.5-0.5B-Instruct, ./outputs/ckpt)
@@ -115,6 +136,7 @@ class ModelConfig:
     # passed to the chat template in every render (rollout, SFT, eval, serve), e.g. {enable_thinking: false}
     # for Qwen3; a server request's own chat_template_kwargs go over them
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass

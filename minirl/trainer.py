@@ -43,7 +43,7 @@ from minirl.inspection import (
     write_trajectories,
 )
 from minirl.metrics import advantage_metrics, group_metrics, heldout_metrics, rollout_metrics
-from minirl.models.loading import load_model, load_tokenizer
+from minirl.models.loading import load_policy, load_reference, load_tokenizer
 from minirl.protocol.chat import template_fit, thinking_views
 from minirl.rewards import SUCCESS_CRITERIA, score_all
 from minirl.rollout.agent_loop import AgentLimits, run_agent
@@ -61,9 +61,11 @@ from minirl.training.batch import PolicyBatch, collate, mini_batch_plan
 from minirl.training.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
+    restore_policy,
     restore_rng_state,
     rng_state,
     save_checkpoint,
+    save_policy,
 )
 from minirl.training.faults import BadStepCounter, reported_out_of_memory
 from minirl.training.groups import TaskQueue, collect_groups
@@ -97,10 +99,10 @@ class Trainer:
         self.tokenizer = load_tokenizer(path, cfg)
         if cfg.rollout.thinking_ratio is not None:  # a template without a thinking switch fails here, not at step 1
             thinking_views(self.tokenizer)
-        self.policy = load_model(path, cfg, self.device)
+        self.policy = load_policy(path, cfg, self.device)  # with LoRA adapters when model.lora.r > 0
         # no KL to the reference in the loss (beta = 0) nor in the reward: no reference model in memory
         needs_reference = cfg.loss.beta > 0 or cfg.algo.kl_in_reward
-        self.reference = load_model(path, cfg, self.device, trainable=False) if needs_reference else None
+        self.reference = load_reference(path, cfg, self.policy, self.device) if needs_reference else None
         self.reward_model = reward_model.build_reward_model(cfg.reward.model, self.device, cfg.trainer.deterministic)
         self.engine = build_engine(cfg.rollout, self.policy, self.tokenizer, self.device, path)
         self.executor = ToolExecutor.from_config(cfg.tools)
@@ -152,8 +154,7 @@ class Trainer:
                     save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, state, cfg.trainer.keep_last)
             if cfg.trainer.save_final:
                 final = self.run_dir / "checkpoint"
-                self.policy.save_pretrained(final)
-                self.tokenizer.save_pretrained(final)
+                save_policy(self.policy, self.tokenizer, final, merged=True)  # loads anywhere, LoRA or not
                 console.print(f"saved the final policy to {final}")
         result.wall_s = time.perf_counter() - started
         return result
@@ -299,7 +300,7 @@ class Trainer:
             self.console.print(f"trainer.resume=auto: no checkpoint in {self.run_dir}; starting from step 0")
             return None
         state = load_trainer_state(checkpoint)
-        self.policy.load_state_dict(load_model(str(checkpoint), self.cfg, self.device).state_dict())
+        restore_policy(self.policy, checkpoint, self.cfg, self.device)
         self.engine.sync_weights(self.policy)
         self.learner.optimizer.load_state_dict(state["optimizer"])
         self.learner.scheduler.load_state_dict(state["scheduler"])

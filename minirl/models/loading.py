@@ -9,18 +9,21 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from minirl.config import Config, RewardModelConfig
+from minirl.config import Config, LoraConfig, RewardModelConfig
 from minirl.errors import ConfigError
+from minirl.inference.adapters import ADAPTER, AdaptersOff
 from minirl.protocol.chat import set_template_kwargs
 
 
 def check_checkpoint(path: str, key: str = "model.name_or_path") -> None:
     """Raise ConfigError naming `key` when `path`, written as a local path, is no directory, or when a
-    directory holds no saved model; a hub id is checked only when it loads."""
+    directory holds no saved model (a model's config.json, or the adapter_config.json of LoRA adapters, which
+    load on the base model it names); a hub id is checked only when it loads."""
     local = Path(path).expanduser()
     if path.startswith(("/", "./", "../", "~")) and not local.is_dir():
         raise ConfigError(f"{key}: no checkpoint directory '{path}'")
-    if local.is_dir() and not (local / "config.json").is_file():
+    saved = any((local / name).is_file() for name in ("config.json", "adapter_config.json"))
+    if local.is_dir() and not saved:
         raise ConfigError(f"{key}: '{path}' holds no saved model (no config.json from save_pretrained)")
 
 
@@ -43,6 +46,46 @@ def load_model(path: str, cfg: Config, device: torch.device, trainable: bool = T
     model = model.to(device)
     model.requires_grad_(trainable)
     return model.train(trainable)
+
+
+def add_adapters(model, lora: LoraConfig):
+    """Inject LoRA adapters (peft) into `model` in place, its own weights frozen and only the adapters trained;
+    the model stays the Hugging Face model it was (minirl/inference/adapters.py). A target module the model
+    lacks, or peft not installed, is a ConfigError naming model.lora."""
+    try:
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import inject_adapter_in_model
+    except ImportError as err:
+        raise ConfigError('model.lora.r > 0 needs peft: pip install -e ".[lora]"') from err
+    config = PeftLoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules)
+    )
+    model.requires_grad_(False)
+    try:
+        inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    except ValueError as err:  # peft: "Target modules {...} not found in the base model"
+        raise ConfigError(f"model.lora.target_modules: {str(err).splitlines()[0]}") from err
+    return model
+
+
+def load_policy(path: str, cfg: Config, device: torch.device):
+    """The policy to train: the model at `path`, with LoRA adapters when model.lora.r > 0 (their saved config
+    names `path` as their base)."""
+    model = load_model(path, cfg, device)
+    if not cfg.model.lora.r:
+        return model
+    add_adapters(model, cfg.model.lora)
+    local = Path(path).expanduser()
+    model.peft_config[ADAPTER].base_model_name_or_path = str(local.resolve()) if local.is_dir() else path
+    return model
+
+
+def load_reference(path: str, cfg: Config, policy, device: torch.device):
+    """The frozen reference: with LoRA the policy's own weights with its adapters off (no second copy in
+    memory), else a second copy of the model at `path`, without gradients."""
+    if cfg.model.lora.r:
+        return AdaptersOff(policy)
+    return load_model(path, cfg, device, trainable=False)
 
 
 def load_tokenizer(path: str, cfg: Config):

@@ -47,6 +47,7 @@ from contextlib import contextmanager
 import torch
 
 from minirl.errors import ConfigError
+from minirl.inference.adapters import plain_state_dict
 from minirl.inference.loop import end_of_turn_ids
 from minirl.rollout.engine import ENGINES, Completion, SamplingParams
 
@@ -163,7 +164,8 @@ class VLLMEngine:
         engine, its weights first, its KV cache after them."""
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
-        weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+        # a LoRA policy's adapters merged into its weights: vLLM loads them as the plain model's
+        weights = [(name, tensor.detach()) for name, tensor in plain_state_dict(model).items()]
         self.llm.collective_rpc("minirl_reload_weights", args=(weights,))
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])

@@ -2,7 +2,12 @@
 
     <run dir>/checkpoints/step_000040/
         config.json, model.safetensors, tokenizer files   the policy: loads by path like any checkpoint
+        (with LoRA: adapter_config.json, adapter_model.safetensors: the adapters alone, in peft's format; they
+        load by path too, on the base model their config names)
         trainer_state.pt                                  optimizer, LR schedule, RNG states, data position, ...
+
+The final policy (`save_policy(..., merged=True)`) of a LoRA run is a plain model with the adapters merged into
+its weights, for minirl.eval, minirl.serve and vLLM, with the adapters themselves in its `adapter/`.
 
 A checkpoint is written into a temporary sibling directory and renamed into place once every file is on
 disk, so a crash at any moment leaves the earlier checkpoints and either all of the new one or none of it.
@@ -25,7 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from minirl.config import Config
+from minirl.inference.adapters import has_adapters, load_adapters, plain_state_dict, save_adapters
+from minirl.models.loading import load_model
+
 CHECKPOINTS = "checkpoints"
+ADAPTER_DIR = "adapter"  # a final LoRA policy's adapters, beside its merged weights
 TRAINER_STATE = "trainer_state.pt"
 _NAME = re.compile(r"step_(\d+)")
 
@@ -68,6 +78,27 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def save_policy(policy, tokenizer, directory: Path, merged: bool = False) -> None:
+    """The policy and its tokenizer in `directory` as save_pretrained writes them. With LoRA adapters: the
+    adapters alone, or with `merged` a plain model of the merged weights and the adapters in directory/adapter."""
+    if not has_adapters(policy):
+        policy.save_pretrained(directory)
+    elif merged:
+        policy.save_pretrained(directory, state_dict=plain_state_dict(policy))
+        save_adapters(policy, directory / ADAPTER_DIR)
+    else:
+        save_adapters(policy, directory)
+    tokenizer.save_pretrained(directory)
+
+
+def restore_policy(policy, checkpoint: Path, cfg: Config, device: torch.device) -> None:
+    """Set the policy's trained weights (its adapters' alone, with LoRA) to those saved in `checkpoint`."""
+    if has_adapters(policy):
+        load_adapters(policy, checkpoint)
+    else:
+        policy.load_state_dict(load_model(str(checkpoint), cfg, device).state_dict())
+
+
 def save_checkpoint(run_dir: Path, step: int, policy, tokenizer, state: dict[str, Any], keep_last: int) -> Path:
     """Write the policy, its tokenizer and `state` as checkpoint `step`, atomically; then delete all but
     the newest `keep_last` checkpoints. Returns the checkpoint's directory."""
@@ -76,8 +107,7 @@ def save_checkpoint(run_dir: Path, step: int, policy, tokenizer, state: dict[str
     target = folder / f"step_{step:06d}"
     tmp = folder / f".tmp-step_{step:06d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    policy.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    save_policy(policy, tokenizer, tmp)
     torch.save(state, tmp / TRAINER_STATE)
     _fsync_tree(tmp)
     if target.exists():  # the same step saved again (a resumed run redoing it): replace it whole

@@ -54,7 +54,8 @@ class PolicyOptimizer:
     def adamw(cls, policy, loss_cfg: LossConfig, trainer_cfg: TrainerConfig, device, sampling) -> PolicyOptimizer:
         """AdamW at trainer.lr and weight_decay under the lr_factor schedule, minimising loss.name."""
         loss_fn = LOSSES.get(loss_cfg.name)
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=trainer_cfg.lr, weight_decay=trainer_cfg.weight_decay)
+        trained = [p for p in policy.parameters() if p.requires_grad]  # with LoRA, the adapters alone
+        optimizer = torch.optim.AdamW(trained, lr=trainer_cfg.lr, weight_decay=trainer_cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, trainer_cfg))
         return cls(policy, optimizer, scheduler, loss_fn, loss_cfg, trainer_cfg, device, sampling)
 
