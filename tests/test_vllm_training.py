@@ -3,7 +3,7 @@ debug preset whose model has head size 32 (hidden 64, 2 heads), one vLLM engine 
 
 - The sync check (minirl/training/sync_check.py) stays quiet while every weight sync lands and warns on the
   one step whose sync is skipped on purpose: the engine then still samples from the weights before that step's
-  update.
+  update. The same with LoRA adapters, which reach vLLM merged into the weights.
 - A head size vLLM's CPU attention lacks (the debug preset's own, 16) is refused at start with a ConfigError
   that says what to set, before vLLM is started.
 """
@@ -31,8 +31,14 @@ VLLM = ("rollout=vllm", "rollout.max_new_tokens=24", "rollout.max_total_tokens=1
 SKIPPED = 2  # the step whose sync never reaches vLLM
 
 
-def test_the_sync_check_warns_on_the_step_whose_vllm_sync_was_skipped_and_only_then(cache_dir, tmp_path):
-    overrides = (*VLLM, "model.tiny.hidden_size=64", "trainer.steps=4", "rollout.sync_check_every=1")
+# LoRA: vLLM gets the adapters merged into the weights; a larger lr, so that one step of adapters that start at
+# zero moves the sampled sequence past vLLM's kernel noise
+LORA = ("model.lora.r=4", "model.lora.alpha=8", "trainer.lr=1e-2")
+
+
+@pytest.mark.parametrize("adapters", [(), LORA], ids=["full", "lora"])
+def test_the_sync_check_warns_on_the_step_whose_vllm_sync_was_skipped_and_only_then(cache_dir, tmp_path, adapters):
+    overrides = (*VLLM, "model.tiny.hidden_size=64", "trainer.steps=4", "rollout.sync_check_every=1", *adapters)
     cfg = debug_config(cache_dir, tmp_path, *overrides, SHAPED_REWARD, "loss.beta=0")
     console = Console(record=True, width=400)
     trainer = Trainer(cfg, model_path(cfg, Console(quiet=True)), console)
