@@ -137,6 +137,9 @@ class ModelConfig:
     # for Qwen3; a server request's own chat_template_kwargs go over them
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # recompute each layer's activations in the backward pass instead of keeping them (transformers' gradient
+    # checkpointing, non-reentrant): less memory for more compute; the update then encodes every row's prompt
+    gradient_checkpointing: bool = False
 
 
 @dataclass
@@ -505,6 +508,9 @@ class TrainerConfig:
     # torch threads of this process (0: torch's own choice, one per core); a parallel sweep gives each job its
     # share of the cores (minirl/sweep.py). Part of what makes a run repeat: the same seed and thread count
     threads: int = 0
+    # the update's forwards and backwards under bfloat16 autocast; the weights, their gradients and Adam's state
+    # stay in model.dtype (CUDA, or a CPU with bf16 kernels)
+    bf16_autocast: bool = False
 
     def __post_init__(self) -> None:
         for key in ("steps", "prompts_per_step", "ppo_epochs", "mini_batches", "micro_batch_size", "eval_every"):

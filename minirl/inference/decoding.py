@@ -271,6 +271,12 @@ class CachedBatch:
         self.store.add(StoredPrefix(tuple(self.fed[row]), keys, values))
 
 
+def drops_cache(model) -> bool:
+    """Whether `model`'s layers ignore a KV cache passed in: transformers' gradient checkpointing, in training mode,
+    runs each layer without one (a recomputed layer would extend it twice), so a suffix could not see its prefix."""
+    return any(getattr(module, "gradient_checkpointing", False) and module.training for module in model.modules())
+
+
 def prompt_shared_logits(
     model,
     input_ids: torch.Tensor,  # [N, L] right-padded rows
@@ -282,10 +288,11 @@ def prompt_shared_logits(
     each row's prefix end on, with each distinct prefix (a group's prompt) encoded once and its KV cache
     copied to the rows that share it. Logits inside a row's prefix are for no caller: they come back 0 when
     the prefix is shared (they are not computed). Gradients reach a shared prefix from every row, as in the
-    plain forward."""
+    plain forward. Under gradient checkpointing in training mode it is the plain forward (drops_cache)."""
     n, width = input_ids.shape
     prefixes = [tuple(input_ids[row, :start].tolist()) for row, start in enumerate(prefix_lengths.tolist())]
-    if len(set(prefixes)) == n or min(map(len, prefixes)) == 0:  # nothing shared, or an empty prefix: plain forward
+    # nothing shared, or an empty prefix, or layers that drop a cache: the plain forward
+    if len(set(prefixes)) == n or min(map(len, prefixes)) == 0 or drops_cache(model):
         return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
     device = input_ids.device
     cache = DynamicCache()

@@ -68,10 +68,20 @@ def add_adapters(model, lora: LoraConfig):
     return model
 
 
+def checkpoint_activations(model) -> None:
+    """transformers' gradient checkpointing, non-reentrant (the reentrant kind breaks DDP and LoRA's frozen input)."""
+    if hasattr(model, "activation_checkpointing_enable"):  # its name from transformers 5.24 on
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def load_policy(path: str, cfg: Config, device: torch.device):
-    """The policy to train: the model at `path`, with LoRA adapters when model.lora.r > 0 (their saved config
-    names `path` as their base)."""
+    """The policy to train: the model at `path`, with gradient checkpointing when model.gradient_checkpointing, and
+    with LoRA adapters when model.lora.r > 0 (their saved config names `path` as their base)."""
     model = load_model(path, cfg, device)
+    if cfg.model.gradient_checkpointing:
+        checkpoint_activations(model)
     if not cfg.model.lora.r:
         return model
     add_adapters(model, cfg.model.lora)

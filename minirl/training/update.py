@@ -82,7 +82,8 @@ class PolicyOptimizer:
         entropy_sum = torch.zeros(())
         for _, micro, _ in micro_batches(batch, rows, self.trainer_cfg.micro_batch_size):
             micro = micro.to(self.device)
-            dist = sampling_logprobs(self.policy, micro, self.sampling)  # [b, T, V]
+            with torch.autocast(self.device.type, torch.bfloat16, enabled=self.trainer_cfg.bf16_autocast):
+                dist = sampling_logprobs(self.policy, micro, self.sampling)  # [b, T, V], float32
             logp = target_logprobs(dist, micro)  # [b, T]
             out = self.loss_fn(
                 logp, micro.old_logp, micro.ref_logp, micro.advantages, micro.mask, self.loss_cfg,
