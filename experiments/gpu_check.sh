@@ -4,6 +4,7 @@
 #      tests/test_vllm_engine.py, tests/test_vllm_training.py);
 #   2. a 20-step run of the default task with each engine (torch, hf, vllm) on a locally built ~100M-parameter
 #      tiny model (16 layers, hidden 768), bf16, sharing one model cache;
+#   2b. the same run with LoRA adapters (rank 16; vLLM gets them merged into its weights), on vLLM where installed;
 #   3. each run's rollout throughput (sampled tokens per second of rollout) and step time.
 #
 #   bash experiments/gpu_check.sh [OUT_DIR]      # in an environment with minirl installed, .[vllm] for vLLM
@@ -58,8 +59,20 @@ for engine in $engines; do
     echo "   $engine: exit $rc after $((SECONDS - t)) s (log $OUT/run_$engine.log)"
 done
 
+echo "== 2b. LoRA: rank-16 adapters alone trained, the reference the adapters-off policy, the sampler merged weights"
+lora_engine=$([ "$HAVE_VLLM" = 1 ] && echo vllm || echo torch)
+t=$SECONDS
+# shellcheck disable=SC2086
+$PY -m minirl.train rollout.engine=$lora_engine trainer.device=$DEVICE trainer.steps=$STEPS trainer.eval_every=$STEPS \
+    rollout.gpu_memory_utilization=0.3 rollout.sync_check_every=$(( STEPS < 5 ? 1 : 5 )) logger=none $MODEL \
+    model.lora.r=16 model.lora.alpha=32 trainer.lr=3e-3 model.cache_dir="$OUT/cache" hydra.run.dir="$OUT/run_lora" \
+    > "$OUT/run_lora.log" 2>&1
+rc=$?
+[ $rc = 0 ] || status=1
+echo "   lora ($lora_engine): exit $rc after $((SECONDS - t)) s (log $OUT/run_lora.log)"
+
 echo "== 3. throughput"
-$PY - "$OUT" $engines <<'EOF'
+$PY - "$OUT" $engines lora <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
