@@ -51,9 +51,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def optuna_results(root: Path) -> dict | None:
-    """The best trial an Optuna sweep recorded under `root`, if any."""
-    for path in sorted(root.rglob(OPTUNA_RESULTS)):
-        return OmegaConf.to_container(OmegaConf.load(path))
+    """The best trial an Optuna sweep recorded in `root` or a sweep directory just below it, if any (not a walk of
+    the whole tree: the runs' checkpoints and W&B files are below too)."""
+    for path in [root / OPTUNA_RESULTS, *sorted(root.glob(f"*/{OPTUNA_RESULTS}"))]:
+        if path.is_file():
+            return OmegaConf.to_container(OmegaConf.load(path))
     return None
 
 
@@ -81,7 +83,7 @@ def report(args: argparse.Namespace, console: Console) -> None:
     console.print(tables.rich_table(table))
     for row in table.rows:
         for run in row.runs:
-            if run.status not in ("finished", "unknown"):
+            if not run.done:
                 error = f": {run.error}" if run.error else ""
                 console.print(f"[bold red]{run.status}[/] {run.path} ({row.label}){error}", highlight=False)
     optuna = optuna_results(args.root)

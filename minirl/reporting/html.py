@@ -47,7 +47,7 @@ def curve_svg(table: Table, key: str) -> str:
 
 
 def _failures_html(table: Table) -> str:
-    runs = [run for row in table.rows for run in row.runs if run.status not in ("finished", "unknown")]
+    runs = [run for row in table.rows for run in row.runs if not run.done]
     if not runs:
         return ""
     items = []
