@@ -511,6 +511,9 @@ class TrainerConfig:
     # the update's forwards and backwards under bfloat16 autocast; the weights, their gradients and Adam's state
     # stay in model.dtype (CUDA, or a CPU with bf16 kernels)
     bf16_autocast: bool = False
+    # how the policy spreads over the processes of `torchrun --nproc_per_node N -m minirl.train` (minirl/distributed/):
+    # none (one process) | ddp (a replica per rank, gradients averaged) | fsdp2 (sharded; experimental)
+    strategy: str = "none"
 
     def __post_init__(self) -> None:
         for key in ("steps", "prompts_per_step", "ppo_epochs", "mini_batches", "micro_batch_size", "eval_every"):

@@ -25,6 +25,12 @@ def seed_everything(seed: int, deterministic: bool, threads: int = 0) -> None:
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank `rank`'s RNG streams under several processes: `seed` itself on rank 0 (its run draws as
+    a single process's would), a stream derived from (seed, rank) on the others."""
+    return seed if rank == 0 else int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+
+
 def resolve_device(name: str, deterministic: bool = False, key: str = "trainer.device") -> torch.device:
     """`name` (auto: CUDA when there is one) as a torch device; on CUDA, picks the attention kernels.
     `deterministic`: backward passes must add up in a fixed order (training under trainer.deterministic).

@@ -107,6 +107,8 @@ class Job:
     threads: int  # the launcher's share of the cores for this job (0: not set by the launcher)
     previous: dict | None = None  # the record an earlier attempt left in run_dir
     record: dict = field(default_factory=dict)
+    # whether this process keeps the record: under torchrun rank 0 alone (RANK, set by torchrun for each process)
+    writes: bool = field(default_factory=lambda: os.environ.get("RANK", "0") == "0")
 
     @classmethod
     def from_hydra(cls, hydra_cfg: DictConfig, command: str, argv_swept: Sequence[str]) -> Job:
@@ -193,7 +195,8 @@ class Job:
             "objective": None,
             "error": None,
         }
-        write_job(self.run_dir, self.record)
+        if self.writes:
+            write_job(self.run_dir, self.record)
 
     def end(self, status: JobStatus, **fields) -> None:
         ended = time.time()
@@ -201,7 +204,8 @@ class Job:
         threads = torch.get_num_threads() if torch is not None else None
         self.record.update(status=status.value, ended=ended, wall_s=ended - self.record["started"], threads=threads)
         self.record.update(fields)
-        write_job(self.run_dir, self.record)
+        if self.writes:
+            write_job(self.run_dir, self.record)
 
     def finish(self, sweep: SweepConfig) -> float | None:
         value = objective(self.run_dir, sweep)

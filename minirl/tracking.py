@@ -115,3 +115,16 @@ class Tracker:
 
     def __exit__(self, kind, error, trace) -> None:
         self.close(failed=kind is not None)
+
+
+class MutedTracker(Tracker):
+    """A Tracker that writes nothing: the ranks other than 0 of a multi-process run (rank 0 alone logs)."""
+
+    def __init__(self) -> None:
+        self.backend = NullBackend(None, Path("."))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def log_heldout(self, step: int, task_ids: list[str], solved: list[bool]) -> None:
+        pass

@@ -10,6 +10,8 @@ optimizer steps (update.py), the check that the sampler moved with the trainer e
 steps (sync_check.py). A step whose loss or gradient is not finite skips its update (trainer.max_bad_steps in a
 row stop the run); `trainer.resume=auto` continues from the run directory's newest checkpoint
 (minirl/training/checkpoint.py) with the same optimizer, schedule, RNG and data position, as if never stopped.
+Under `torchrun` every rank runs this loop on the step's whole batch (minirl/distributed/); rank 0 alone logs,
+evaluates and writes checkpoints.
 
 Example (what `python -m minirl.train` runs after composing the config):
 
@@ -34,6 +36,8 @@ from minirl.bootstrap import model_path
 from minirl.config import Config, Resume
 from minirl.data import DATASETS
 from minirl.data.task import Task
+from minirl.distributed.strategies import STRATEGIES
+from minirl.distributed.world import World
 from minirl.inference.sampling import SamplingParams
 from minirl.inspection import (
     TRAJECTORIES_FILE,
@@ -50,17 +54,18 @@ from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import build_engine
 from minirl.rollout.thinking import draw_thinking
 from minirl.rollout.trajectory import Trajectory
-from minirl.runtime import resolve_device, seed_everything
+from minirl.runtime import rank_seed, resolve_device, seed_everything
 from minirl.stats import paired_split, sign_test_p
 from minirl.tools import ToolExecutor
 from minirl.tools.base import check_offered_tools
-from minirl.tracking import Tracker
+from minirl.tracking import MutedTracker, Tracker
 from minirl.training import console as lines
 from minirl.training import reward_model, sync_check
 from minirl.training.batch import PolicyBatch, collate, mini_batch_plan
 from minirl.training.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
+    rank_rng_state,
     restore_policy,
     restore_rng_state,
     rng_state,
@@ -68,7 +73,7 @@ from minirl.training.checkpoint import (
     save_policy,
 )
 from minirl.training.faults import BadStepCounter, reported_out_of_memory
-from minirl.training.groups import TaskQueue, collect_groups
+from minirl.training.groups import TaskQueue, collect_groups, gathered
 from minirl.training.shaping import guided, kl_shaped, replayed, score
 from minirl.training.update import PolicyOptimizer, prepare_batch
 from minirl.validate import validate
@@ -83,13 +88,15 @@ class TrainResult:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, path: str, console: Console | None = None) -> None:
-        """Everything a run holds, for the model at `path` (minirl.bootstrap.model_path resolves it)."""
+    def __init__(self, cfg: Config, path: str, console: Console | None = None, world: World | None = None) -> None:
+        """Everything a run holds, for the model at `path` (minirl.bootstrap.model_path resolves it), in `world`
+        (default: the one torchrun started, World.from_env)."""
         validate(cfg)
         seed_everything(cfg.trainer.seed, cfg.trainer.deterministic, cfg.trainer.threads)
-        self.cfg, self.console = cfg, console or Console()
-        self.run_dir = Path(cfg.output_dir)
-        self.device = resolve_device(cfg.trainer.device, cfg.trainer.deterministic)
+        self.world = world or World.from_env(resolve_device(cfg.trainer.device, cfg.trainer.deterministic))
+        self.cfg, self.device = cfg, self.world.device
+        self.console = (console or Console()) if self.world.is_main else Console(quiet=True)  # rank 0 alone prints
+        self.run_dir = Path(self.world.broadcast(cfg.output_dir))  # rank 0's, should the ranks' clocks differ
         dataset = DATASETS.get(cfg.data.name)(cfg.data)
         self.heldout, self.skipped_rows = dataset.heldout, dataset.skipped
         check_offered_tools(
@@ -99,7 +106,10 @@ class Trainer:
         self.tokenizer = load_tokenizer(path, cfg)
         if cfg.rollout.thinking_ratio is not None:  # a template without a thinking switch fails here, not at step 1
             thinking_views(self.tokenizer)
-        self.policy = load_policy(path, cfg, self.device)  # with LoRA adapters when model.lora.r > 0
+        # with LoRA adapters when model.lora.r > 0, spread over the ranks by trainer.strategy; self.policy is the
+        # plain module every forward without gradients reads (Parallel.full)
+        self.parallel = STRATEGIES.get(cfg.trainer.strategy)(load_policy(path, cfg, self.device), self.world)
+        self.policy = self.parallel.full
         # no KL to the reference in the loss (beta = 0) nor in the reward: no reference model in memory
         needs_reference = cfg.loss.beta > 0 or cfg.algo.kl_in_reward
         self.reference = load_reference(path, cfg, self.policy, self.device) if needs_reference else None
@@ -110,20 +120,25 @@ class Trainer:
         self.solved = SUCCESS_CRITERIA.get(cfg.reward.success)  # what the success-rate metrics count
         r = cfg.rollout
         sampling = SamplingParams.from_config(r, r.temperature)  # what the sampler draws from; log-probs use it too
-        self.learner = PolicyOptimizer.adamw(self.policy, cfg.loss, cfg.trainer, self.device, sampling)
+        self.learner = PolicyOptimizer.adamw(self.parallel, cfg.loss, cfg.trainer, self.device, sampling)
         self.limits = AgentLimits.from_config(r)
         self.shuffle_rng = torch.Generator().manual_seed(cfg.trainer.seed)  # mini-batch order; not the global RNG
         self.step = 0  # the last completed step
         self.bad_steps = BadStepCounter(cfg.trainer.max_bad_steps)
+        seed_everything(rank_seed(cfg.trainer.seed, self.world.rank), cfg.trainer.deterministic)  # rollouts' streams
 
     def fit(self) -> TrainResult:
-        cfg, console = self.cfg, self.console
+        cfg, console, main = self.cfg, self.console, self.world.is_main
         result = TrainResult(run_dir=self.run_dir)
         started = time.perf_counter()
         state = self.resume() if cfg.trainer.resume is Resume.auto else None
-        with Tracker(
-            cfg, self.run_dir, console, resume_step=self.step if state else None, run_id=state and state["run_id"]
-        ) as tracker:  # closed, a failed run marked failed, however the run ends
+        with (
+            Tracker(
+                cfg, self.run_dir, console, resume_step=self.step if state else None, run_id=state and state["run_id"]
+            )
+            if main
+            else MutedTracker() as tracker
+        ):  # closed, a failed run marked failed, however it ends
             fit = template_fit(self.tokenizer)
             console.print(lines.construction_line(fit.construction.value, fit.tool_rounds), highlight=False)
             if state is None:
@@ -140,7 +155,7 @@ class Trainer:
                 tracker.log(step, metrics)
                 console.print(lines.step_line(step, cfg.trainer.steps, metrics))
                 self.bad_steps.count(step, int(metrics.get("faults/skipped_updates", 0)), console)
-                if cfg.trainer.trajectories_every and step % cfg.trainer.trajectories_every == 0 and trajs:
+                if cfg.trainer.trajectories_every and step % cfg.trainer.trajectories_every == 0 and trajs and main:
                     records = write_trajectories(
                         self.run_dir / TRAJECTORIES_FILE, step, trajs, [t.advantage for t in trajs], self.tokenizer,
                         solved=self.solved,
@@ -151,8 +166,9 @@ class Trainer:
                 if cfg.trainer.save_every and (step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps):
                     state = {**self.state_dict(), "run_id": tracker.run_id, "eval_history": result.eval_history}
                     state["solved_at_start"] = result.solved_at_start
-                    save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, state, cfg.trainer.keep_last)
-            if cfg.trainer.save_final:
+                    if main:
+                        save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, state, cfg.trainer.keep_last)
+            if cfg.trainer.save_final and main:
                 final = self.run_dir / "checkpoint"
                 save_policy(self.policy, self.tokenizer, final, merged=True)  # loads anywhere, LoRA or not
                 console.print(f"saved the final policy to {final}")
@@ -199,8 +215,7 @@ class Trainer:
         cfg = self.cfg
         size = cfg.rollout.group_size
         return collect_groups(
-            rollout=lambda: self.rollout(self.tasks.next(self.prompts_per_round), size, cfg.rollout.temperature, True),
-            score=lambda trajs: score(trajs, cfg, self.reward_model),
+            rollout=lambda: gathered(self.world, self.scored_round()),
             guide=lambda trajs: guided(trajs, size, self.reference_answer),
             group_size=size,
             prompts_per_step=cfg.trainer.prompts_per_step,
@@ -228,6 +243,13 @@ class Trainer:
         batch, correction = prepare_batch(batch, trajs, plan[0], self.learner, self.cfg.algo)
         poisoned = self.step in t.nan_loss_steps  # fault drill: this step's loss is NaN
         return {**correction, **self.learner.update(batch, plan, poisoned)}
+
+    def scored_round(self) -> list[Trajectory]:
+        """This rank's share (World.share, whole groups) of the next round's tasks, rolled out and scored."""
+        tasks = self.world.share(self.tasks.next(self.prompts_per_round))  # every rank draws the same tasks
+        trajs = self.rollout(tasks, self.cfg.rollout.group_size, self.cfg.rollout.temperature, True)
+        score(trajs, self.cfg, self.reward_model)
+        return trajs
 
     @property
     def prompts_per_round(self) -> int:
@@ -261,7 +283,9 @@ class Trainer:
     def log_eval(self, step: int, tracker: Tracker, result: TrainResult) -> None:
         """Held-out metrics at trainer.eval_temperature; after step 0 also the tasks gained and lost since then
         and the sign test's p-value of that split (the chance of one as uneven if every changed task were a
-        coin flip). The reward model (reward.model) scores no held-out task: `rm` is 0 there."""
+        coin flip). The reward model (reward.model) scores no held-out task: `rm` is 0 there. Rank 0 alone."""
+        if not self.world.is_main:
+            return
         trajs = self.rollout(self.heldout, 1, self.cfg.trainer.eval_temperature)
         score_all(trajs, self.cfg.reward)  # the reward terms alone: no penalty shapes what held-out tasks score
         metrics = heldout_metrics(trajs, self.solved, prefix="eval/")
@@ -286,9 +310,9 @@ class Trainer:
         return {
             "step": self.step,
             "bad_steps": self.bad_steps.in_a_row,
-            "optimizer": self.learner.optimizer.state_dict(),
+            "optimizer": self.parallel.optimizer_state(self.learner.optimizer),
             "scheduler": self.learner.scheduler.state_dict(),
-            "rng": rng_state(),
+            "rng": self.world.gather(rng_state()),  # every rank's streams, in rank order
             **self.tasks.state_dict(),
             "shuffle_rng": self.shuffle_rng.get_state(),
         }
@@ -301,12 +325,13 @@ class Trainer:
             return None
         state = load_trainer_state(checkpoint)
         restore_policy(self.policy, checkpoint, self.cfg, self.device)
+        self.parallel.loaded()
         self.engine.sync_weights(self.policy)
-        self.learner.optimizer.load_state_dict(state["optimizer"])
+        self.parallel.load_optimizer_state(self.learner.optimizer, state["optimizer"])
         self.learner.scheduler.load_state_dict(state["scheduler"])
         self.tasks.load_state_dict(state)
         self.shuffle_rng.set_state(state["shuffle_rng"])
-        restore_rng_state(state["rng"])
+        restore_rng_state(rank_rng_state(state["rng"], self.world.rank, self.world.size))
         self.step, self.bad_steps.in_a_row = state["step"], state["bad_steps"]
         self.console.print(f"resuming from {checkpoint} (step {self.step})")
         return state
@@ -317,4 +342,12 @@ def train(cfg: Config, console: Console | None = None) -> TrainResult:
     embedded tiny model is built (when `model.name_or_path=tiny` and no cached build exists)."""
     console = console or Console()
     validate(cfg)
-    return Trainer(cfg, model_path(cfg, console), console).fit()
+    world = World.from_env(resolve_device(cfg.trainer.device, cfg.trainer.deterministic))
+    try:  # rank 0 builds the tiny model (once) while the others wait
+        path = world.broadcast(model_path(cfg, console) if world.is_main else None)
+        result = Trainer(cfg, path, console, world).fit()
+    except BaseException as err:
+        world.close(failed=err)  # this rank's exit makes torchrun stop the others
+        raise
+    world.close()
+    return result

@@ -15,6 +15,7 @@ from minirl.algos.kl import KL_ESTIMATORS
 from minirl.algos.losses import AGGREGATIONS, LOSSES
 from minirl.config import Config
 from minirl.data import DATASETS, WARM_START_CORPORA
+from minirl.distributed.strategies import STRATEGIES
 from minirl.errors import ConfigError
 from minirl.models.loading import check_checkpoint
 from minirl.protocol.formats import CALL_FORMATS
@@ -58,6 +59,7 @@ def validate(cfg: Config) -> None:
             "its group, so a group of 1 never learns; use >= 2 or algo.adv_estimator=reinforce_plus_plus"
         )
     ENGINES.get(cfg.rollout.engine)
+    STRATEGIES.get(cfg.trainer.strategy)
     DATASETS.get(cfg.data.name)
     WARM_START_CORPORA.get(cfg.sft.corpus)
     BACKENDS.get(cfg.logger.backend)

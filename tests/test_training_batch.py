@@ -14,6 +14,8 @@ from support import TinyCausalLM
 from minirl.algos.losses import AGGREGATIONS, LOSSES
 from minirl.config import LossConfig, TrainerConfig
 from minirl.data.task import Task
+from minirl.distributed.strategies import Parallel
+from minirl.distributed.world import World
 from minirl.inference.sampling import SamplingParams
 from minirl.rollout.trajectory import Trajectory
 from minirl.training.batch import (
@@ -172,7 +174,7 @@ def test_batch_logprobs_over_mini_and_micro_batches_equal_the_whole_batchs(model
 def learner_for(model, agg: str = "token-mean", loss: str = "grpo", micro_batch_size: int = 2) -> PolicyOptimizer:
     loss_cfg = LossConfig(name=loss, beta=0.05, agg=agg, max_tokens_norm=16)
     trainer_cfg = TrainerConfig(lr=1e-2, micro_batch_size=micro_batch_size, max_grad_norm=1e9)  # no clipping
-    return PolicyOptimizer.adamw(model, loss_cfg, trainer_cfg, torch.device("cpu"), SAMPLING)
+    return PolicyOptimizer.adamw(Parallel(model, World()), loss_cfg, trainer_cfg, torch.device("cpu"), SAMPLING)
 
 
 def off_policy(model, batch: PolicyBatch) -> PolicyBatch:

@@ -77,13 +77,16 @@ def collate(trajs: list[Trajectory], advantages: torch.Tensor, pad_id: int) -> P
     return PolicyBatch(input_ids, attention, start, old_logp, mask, advantages, prompt_lengths)
 
 
-def sampling_logprobs(model, batch: PolicyBatch, sampling: SamplingParams) -> torch.Tensor:
+def sampling_logprobs(model, batch: PolicyBatch, sampling: SamplingParams, share_prompts: bool = True) -> torch.Tensor:
     """[N, L - 1 - start, V] log-probs of the distribution each target token was sampled from
     (`SamplingParams.logprobs`: the policy's logits divided by the temperature, filtered by top-k then top-p,
-    renormalised); what the engines report as sampler log-probs. The target token always stays in (`kept`)."""
+    renormalised); what the engines report as sampler log-probs. The target token always stays in (`kept`).
+    `share_prompts`: each prompt encoded once (prompt_shared_logits), else one plain forward of every row."""
     keep = batch.input_ids.shape[1] - batch.start  # logits only where an action can be predicted
-    # each prompt once; its last token stays in every row, its logit predicts the first action
-    logits = prompt_shared_logits(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths - 1, keep)
+    if share_prompts:  # each prompt once; its last token stays in every row, its logit predicts the first action
+        logits = prompt_shared_logits(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths - 1, keep)
+    else:
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits
     targets = batch.input_ids[:, batch.start + 1 :]  # [N, L - 1 - start]
     return sampling.logprobs(logits[:, :-1].float(), kept=targets)
 
@@ -98,16 +101,19 @@ def token_logprobs(model, batch: PolicyBatch, sampling: SamplingParams) -> torch
     return target_logprobs(sampling_logprobs(model, batch, sampling), batch)
 
 
-def micro_batches(batch: PolicyBatch, rows: torch.Tensor, size: int) -> list[tuple[torch.Tensor, PolicyBatch, int]]:
+def micro_batches(
+    batch: PolicyBatch, rows: torch.Tensor, size: int, shard: tuple[int, int] = (0, 1)
+) -> list[tuple[torch.Tensor, PolicyBatch, int]]:
     """batch[rows] in micro-batches of `size` rows, each narrowed (PolicyBatch.narrowed): (its row indices, the
     micro-batch, its first target column in the batch). The rows of one prompt stay together, so a micro-batch
     encodes each of its prompts once (prompt_shared_logits); prompts go shortest first, and a prompt's rows
-    shortest first, so little compute goes to padding."""
+    shortest first, so little compute goes to padding. `shard` (rank, ranks): every ranks-th one from rank's."""
     lengths = batch.attention_mask.sum(dim=1).tolist()  # [N]
     prompt_lengths = batch.prompt_lengths.tolist()
     prompts = {row: tuple(batch.input_ids[row, : prompt_lengths[row]].tolist()) for row in rows.tolist()}
     ordered = sorted(prompts, key=lambda row: (len(prompts[row]), prompts[row], lengths[row]))
-    return [(micro_rows, *batch.rows(micro_rows).narrowed()) for micro_rows in torch.tensor(ordered).split(size)]
+    split = torch.tensor(ordered).split(size)[shard[0] :: shard[1]]
+    return [(micro_rows, *batch.rows(micro_rows).narrowed()) for micro_rows in split]
 
 
 def mini_batch_plan(n: int, epochs: int, mini_batches: int, generator: torch.Generator) -> list[list[torch.Tensor]]:
@@ -130,13 +136,14 @@ def batch_logprobs(
     micro_batch_size: int,
     device: torch.device,
     sampling: SamplingParams,
+    shard: tuple[int, int] = (0, 1),
 ) -> torch.Tensor:
     """[N, L - 1 - start] `model`'s log-probs of the batch's targets under the `sampling` distribution,
-    computed over the micro-batches (micro_batches) of each mini-batch of row
-    indices; 0 in columns a row's micro-batch cut off."""
+    computed over the micro-batches (micro_batches) of each mini-batch of row indices, or `shard`'s share
+    of them; 0 in columns a row's micro-batch cut off, and in the rows of other shards' micro-batches."""
     logp = torch.zeros_like(batch.old_logp)
     for rows in mini_batches:
-        for micro_rows, micro, first in micro_batches(batch, rows, micro_batch_size):
+        for micro_rows, micro, first in micro_batches(batch, rows, micro_batch_size, shard):
             micro_logp = token_logprobs(model, micro.to(device), sampling).cpu()
             logp[micro_rows, first : first + micro_logp.shape[1]] = micro_logp
     return logp

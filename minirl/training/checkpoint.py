@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from minirl.config import Config
+from minirl.errors import ConfigError
 from minirl.inference.adapters import has_adapters, load_adapters, plain_state_dict, save_adapters
 from minirl.models.loading import load_model
 
@@ -54,6 +55,18 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def rank_rng_state(states: list[dict[str, Any]] | dict[str, Any], rank: int, ranks: int) -> dict[str, Any]:
+    """Rank `rank`'s RNG states among a checkpoint's (one per rank that wrote it; a single dict in checkpoints
+    of earlier versions). A run resumes with as many processes as wrote the checkpoint, else ConfigError."""
+    states = [states] if isinstance(states, dict) else states
+    if len(states) != ranks:
+        raise ConfigError(
+            f"trainer.resume=auto: the checkpoint was written by {len(states)} processes, this run has {ranks}; "
+            "resume with as many (torchrun --nproc_per_node), or start a new run directory"
+        )
+    return states[rank]
 
 
 def _fsync_tree(root: Path) -> None:

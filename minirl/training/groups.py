@@ -20,6 +20,7 @@ import torch
 from minirl.algos.dapo import tied_groups
 from minirl.config import AlgoConfig
 from minirl.data.task import Task
+from minirl.distributed.world import World
 from minirl.rollout.trajectory import Trajectory
 
 
@@ -52,21 +53,20 @@ class TaskQueue:
 
 def collect_groups(
     rollout: Callable[[], list[Trajectory]],
-    score: Callable[[list[Trajectory]], None],
     guide: Callable[[list[Trajectory]], list[Trajectory]],
     group_size: int,
     prompts_per_step: int,
     algo: AlgoConfig,
 ) -> tuple[list[Trajectory], list[Trajectory]]:
     """(every trajectory sampled this step, the ones to learn from), groups contiguous in both. Each round is
-    `rollout()` (a round of groups), `score` (the rewards) and under algo.guide `guide` (a group that all
-    failed learns from its task's reference answer; `sampled` keeps what the policy sampled)."""
+    `rollout()` (a round of groups with their rewards; under several ranks every rank's, `gathered`) and
+    under algo.guide `guide` (a group that all failed learns from its task's reference answer; `sampled`
+    keeps what the policy sampled)."""
     wanted = prompts_per_step * group_size
     sampled: list[Trajectory] = []
     kept: list[Trajectory] = []
     for _ in range(1 + algo.max_resample_rounds):
         trajs = rollout()
-        score(trajs)
         sampled += trajs
         if algo.guide:
             trajs = guide(trajs)
@@ -77,3 +77,16 @@ def collect_groups(
         if len(kept) >= wanted:
             break
     return sampled, kept[:wanted]
+
+
+def gathered(world: World, trajs: list[Trajectory]) -> list[Trajectory]:
+    """Every rank's round of groups (`trajs`, this rank's share of the round's tasks, World.share) as one round
+    on every rank, in rank order (the tasks' order), each group_index its position in that round."""
+    ranks = world.gather(trajs)
+    offsets = [0]
+    for part in ranks[:-1]:
+        offsets.append(offsets[-1] + len({t.group_index for t in part}))
+    for offset, part in zip(offsets, ranks):
+        for traj in part:
+            traj.group_index += offset
+    return [traj for part in ranks for traj in part]

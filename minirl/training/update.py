@@ -6,6 +6,12 @@ log-probs by the trainer's, and algo.rollout_is turns the gap between the two in
 trajectory mask (minirl/algos/rollout_correction.py). `PolicyOptimizer.update` then runs the plan's
 mini-batches, each in micro-batches whose gradients add up to the mini-batch's. A non-finite loss or
 gradient norm skips that optimizer step (weights, optimizer state and schedule stay as they were).
+
+Under several ranks (minirl/distributed/) each rank holds the whole batch and runs every W-th micro-batch of
+each mini-batch, weighted by W x its share of the mini-batch's loss units (tokens, sequences, ...): the
+strategy averages the ranks' gradients, so the result is the single process's gradient, in every loss.agg
+mode; a token mean is not the mean of per-rank token means. Ranks with fewer micro-batches run a weight-0
+one, so that every rank makes the same forwards and backwards (collectives under fsdp2).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from minirl.algos.dapo import truncated
 from minirl.algos.losses import LOSSES, micro_batch_share
 from minirl.algos.rollout_correction import rollout_correction
 from minirl.config import AlgoConfig, LossConfig, LRSchedule, OldLogprobs, Overlong, TrainerConfig
+from minirl.distributed.strategies import Parallel
 from minirl.inference.sampling import SamplingParams
 from minirl.rollout.trajectory import Trajectory
 from minirl.training.batch import PolicyBatch, batch_logprobs, micro_batches, sampling_logprobs, target_logprobs
@@ -38,10 +45,10 @@ def lr_factor(step: int, t: TrainerConfig) -> float:
 
 @dataclass
 class PolicyOptimizer:
-    """The policy, its optimizer and schedule, and how it scores a batch (`sampling`: what the sampler drew
-    from; every log-prob is of that distribution)."""
+    """The policy (spread over the ranks by `parallel`), its optimizer and schedule, and how it scores a batch
+    (`sampling`: what the sampler drew from; every log-prob is of that distribution)."""
 
-    policy: torch.nn.Module
+    parallel: Parallel
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     loss_fn: object  # a LOSSES entry
@@ -51,63 +58,81 @@ class PolicyOptimizer:
     sampling: SamplingParams
 
     @classmethod
-    def adamw(cls, policy, loss_cfg: LossConfig, trainer_cfg: TrainerConfig, device, sampling) -> PolicyOptimizer:
+    def adamw(cls, parallel, loss_cfg: LossConfig, trainer_cfg: TrainerConfig, device, sampling) -> PolicyOptimizer:
         """AdamW at trainer.lr and weight_decay under the lr_factor schedule, minimising loss.name."""
         loss_fn = LOSSES.get(loss_cfg.name)
-        trained = [p for p in policy.parameters() if p.requires_grad]  # with LoRA, the adapters alone
+        trained = [p for p in parallel.trained.parameters() if p.requires_grad]  # with LoRA, the adapters alone
         optimizer = torch.optim.AdamW(trained, lr=trainer_cfg.lr, weight_decay=trainer_cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, trainer_cfg))
-        return cls(policy, optimizer, scheduler, loss_fn, loss_cfg, trainer_cfg, device, sampling)
+        return cls(parallel, optimizer, scheduler, loss_fn, loss_cfg, trainer_cfg, device, sampling)
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        """The policy as a plain module, for forwards without gradients (Parallel.full)."""
+        return self.parallel.full
 
     def logprobs(self, model, batch: PolicyBatch, mini_batches: list[torch.Tensor]) -> torch.Tensor:
-        """[N, L - 1 - start] `model`'s log-probs of the targets over these mini-batches' micro-batches."""
-        return batch_logprobs(model, batch, mini_batches, self.trainer_cfg.micro_batch_size, self.device, self.sampling)
+        """[N, L - 1 - start] `model`'s log-probs of the targets over these mini-batches' micro-batches, each rank
+        computing its micro-batches (those it trains on) and the ranks' parts summed."""
+        world = self.parallel.world
+        size, shard = self.trainer_cfg.micro_batch_size, (world.rank, world.size)
+        return world.sum_(batch_logprobs(model, batch, mini_batches, size, self.device, self.sampling, shard))
 
     def update(self, batch: PolicyBatch, plan: list[list[torch.Tensor]], poisoned: bool) -> dict[str, float]:
         """One optimizer step per mini-batch of the plan (epochs x mini-batches of row indices, mini_batch_plan).
         The metrics are means over these optimizer steps, but faults/skipped_updates counts them; lr is the last
         one's. `poisoned` (the fault drill, trainer.nan_loss_steps) makes every loss NaN."""
-        self.policy.train()
+        self.parallel.trained.train()
         steps = [self.step(batch, rows, poisoned) for epoch in plan for rows in epoch]
+        self.parallel.gathered()
         metrics = {key: fmean(s[key] for s in steps) for key in steps[0]}
         metrics["faults/skipped_updates"] = sum(s["faults/skipped_updates"] for s in steps)
         return {**metrics, "lr": self.scheduler.get_last_lr()[0]}
 
     def step(self, batch: PolicyBatch, rows: torch.Tensor, poisoned: bool) -> dict[str, float]:
-        """One optimizer step on the mini-batch batch[rows], in micro-batches whose gradients add up to the
-        mini-batch's; also the policy's mean entropy over its action tokens, from the logits the loss used.
-        A non-finite loss or gradient norm skips the step and sets faults/skipped_updates to 1."""
-        mask = batch.mask[rows]  # [n, T]
-        sums: dict[str, torch.Tensor] = {}
-        entropy_sum = torch.zeros(())
-        for _, micro, _ in micro_batches(batch, rows, self.trainer_cfg.micro_batch_size):
-            micro = micro.to(self.device)
-            with torch.autocast(self.device.type, torch.bfloat16, enabled=self.trainer_cfg.bf16_autocast):
-                dist = sampling_logprobs(self.policy, micro, self.sampling)  # [b, T, V], float32
-            logp = target_logprobs(dist, micro)  # [b, T]
-            out = self.loss_fn(
-                logp, micro.old_logp, micro.ref_logp, micro.advantages, micro.mask, self.loss_cfg,
-                is_weights=micro.is_weights,
-            )  # fmt: skip
-            share = micro_batch_share(micro.mask, mask, self.loss_cfg.agg)
-            loss = out.loss * math.nan if poisoned else out.loss
-            (loss * share).backward()
-            for key, value in out.metrics.items():
-                sums[key] = sums.get(key, 0.0) + value.detach().cpu() * share
-            action = dist.detach()[micro.mask > 0]  # [tokens, V]; entr(0) = 0 for tokens top-k/top-p removed
-            entropy_sum += torch.special.entr(action.exp()).sum().cpu()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.trainer_cfg.max_grad_norm)
+        """One optimizer step on the mini-batch batch[rows] (`backward`). A non-finite loss or gradient norm
+        skips the step and sets faults/skipped_updates to 1."""
+        metrics = self.backward(batch, rows, poisoned)
+        grad_norm = self.parallel.clip_grad_norm_(self.trainer_cfg.max_grad_norm)
         finite = bool(torch.isfinite(grad_norm)) and not poisoned
         if finite:
             self.optimizer.step()
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {
-            **{k: float(v) for k, v in sums.items()},
-            "entropy": float(entropy_sum / mask.sum().clamp(min=1)),
-            "grad_norm": grad_norm.item(),
-            "faults/skipped_updates": float(not finite),
-        }
+        return {**metrics, "grad_norm": grad_norm.item(), "faults/skipped_updates": float(not finite)}
+
+    def backward(self, batch: PolicyBatch, rows: torch.Tensor, poisoned: bool) -> dict[str, float]:
+        """The gradient of the mini-batch batch[rows]'s loss, accumulated over its micro-batches (each weighted
+        by its share, module docstring) and averaged over the ranks; the loss's metrics and the policy's mean
+        entropy over the action tokens, from the logits the loss used, all of the whole mini-batch."""
+        world, mask = self.parallel.world, batch.mask[rows]  # [n, T]
+        micros = [micro for _, micro, _ in micro_batches(batch, rows, self.trainer_cfg.micro_batch_size)]
+        count = -(-len(micros) // world.size)  # micro-batches per rank
+        mine = [(micro, 1.0) for micro in micros[world.rank :: world.size]]
+        mine += [(micros[0], 0.0)] * (count - len(mine))  # weight 0: the same forwards on every rank
+        sums: dict[str, torch.Tensor] = {}
+        entropy_sum = torch.zeros(())
+        for i, (micro, weight) in enumerate(mine):
+            micro = micro.to(self.device)
+            share = weight * micro_batch_share(micro.mask, mask, self.loss_cfg.agg)
+            with self.parallel.gradient_sync(i == count - 1):
+                with torch.autocast(self.device.type, torch.bfloat16, enabled=self.trainer_cfg.bf16_autocast):
+                    dist = sampling_logprobs(self.parallel.trained, micro, self.sampling, self.parallel.shares_prompts)
+                logp = target_logprobs(dist, micro)  # [b, T]
+                out = self.loss_fn(
+                    logp, micro.old_logp, micro.ref_logp, micro.advantages, micro.mask, self.loss_cfg,
+                    is_weights=micro.is_weights,
+                )  # fmt: skip
+                loss = out.loss * math.nan if poisoned else out.loss
+                (loss * share * world.size).backward()  # the ranks' gradients are averaged
+            for key, value in out.metrics.items():
+                sums[key] = sums.get(key, 0.0) + value.detach().cpu() * share
+            action = dist.detach()[micro.mask > 0]  # [tokens, V]; entr(0) = 0 for tokens top-k/top-p removed
+            entropy_sum += weight * torch.special.entr(action.exp()).sum().cpu()
+        keys = sorted(sums)
+        totals = world.sum_(torch.stack([torch.as_tensor(sums[k], dtype=torch.float32) for k in keys] + [entropy_sum]))
+        metrics = {k: float(v) for k, v in zip(keys, totals[:-1])}
+        return {**metrics, "entropy": float(totals[-1] / mask.sum().clamp(min=1))}
 
 
 def prepare_batch(
