@@ -41,6 +41,26 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
+def group_batch(rows: int, group_size: int, prompt: int, response: int, vocab: int):
+    """A PolicyBatch of `rows` random rows of `prompt` + `response` tokens, each `group_size` of them sharing their
+    prompt (a group), every response token an action, advantages spread over [-1, 1]."""
+    import torch
+
+    from minirl.training.batch import PolicyBatch
+
+    g = torch.Generator().manual_seed(0)
+    width, start = prompt + response, prompt - 1
+    ids = torch.randint(0, vocab, (rows, width), generator=g)
+    for first in range(0, rows, group_size):
+        ids[first : first + group_size, :prompt] = ids[first, :prompt]
+    targets = width - 1 - start
+    return PolicyBatch(
+        input_ids=ids, attention_mask=torch.ones_like(ids), start=start, old_logp=torch.full((rows, targets), -10.0),
+        mask=torch.ones(rows, targets), advantages=torch.linspace(-1, 1, rows),
+        prompt_lengths=torch.full((rows,), prompt),
+    )  # fmt: skip
+
+
 def measure(overrides: list[str], rows: int, prompt: int, response: int, steps: int) -> dict:
     """One setting, in this process: what `main` prints per row."""
     import torch
@@ -48,10 +68,11 @@ def measure(overrides: list[str], rows: int, prompt: int, response: int, steps: 
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from minirl.config import register_configs, to_config
+    from minirl.distributed.strategies import Parallel
+    from minirl.distributed.world import World
     from minirl.entry import CONF_DIR
     from minirl.inference.sampling import SamplingParams
     from minirl.models.loading import add_adapters, checkpoint_activations
-    from minirl.training.batch import PolicyBatch
     from minirl.training.update import PolicyOptimizer
 
     register_configs()
@@ -64,17 +85,9 @@ def measure(overrides: list[str], rows: int, prompt: int, response: int, steps: 
     if cfg.model.lora.r:
         add_adapters(model, cfg.model.lora)
     cfg.trainer.micro_batch_size = rows
-    device = torch.device("cpu")
-    learner = PolicyOptimizer.adamw(model, cfg.loss, cfg.trainer, device, SamplingParams.from_config(cfg.rollout, 1.0))
-    width, start = prompt + response, prompt - 1
-    ids = torch.randint(0, QWEN2_5_0_5B["vocab_size"], (rows, width))
-    ids[:, :prompt] = ids[0, :prompt]  # one group: every row shares the prompt
-    targets = width - 1 - start
-    batch = PolicyBatch(
-        input_ids=ids, attention_mask=torch.ones_like(ids), start=start, old_logp=torch.full((rows, targets), -10.0),
-        mask=torch.ones(rows, targets), advantages=torch.linspace(-1, 1, rows),
-        prompt_lengths=torch.full((rows,), prompt),
-    )  # fmt: skip
+    device, sampling = torch.device("cpu"), SamplingParams.from_config(cfg.rollout, 1.0)
+    learner = PolicyOptimizer.adamw(Parallel(model, World()), cfg.loss, cfg.trainer, device, sampling)
+    batch = group_batch(rows, rows, prompt, response, QWEN2_5_0_5B["vocab_size"])
     before = rss_mb()
     model.train()
     times = []

@@ -5,6 +5,8 @@
 #   2. a 20-step run of the default task with each engine (torch, hf, vllm) on a locally built ~100M-parameter
 #      tiny model (16 layers, hidden 768), bf16, sharing one model cache;
 #   2b. the same run with LoRA adapters (rank 16; vLLM gets them merged into its weights), on vLLM where installed;
+#   2c. the torch-engine run on 2 processes with torchrun, trainer.strategy=ddp and fsdp2 (NCCL, one GPU each;
+#      skipped, saying so, with fewer than 2 GPUs; gloo in the CPU mode);
 #   3. each run's rollout throughput (sampled tokens per second of rollout) and step time.
 #
 #   bash experiments/gpu_check.sh [OUT_DIR]      # in an environment with minirl installed, .[vllm] for vLLM
@@ -71,8 +73,28 @@ rc=$?
 [ $rc = 0 ] || status=1
 echo "   lora ($lora_engine): exit $rc after $((SECONDS - t)) s (log $OUT/run_lora.log)"
 
+echo "== 2c. 2 processes under torchrun: ddp and fsdp2 (experimental), the torch engine"
+parallel=""
+GPUS=$($PY -c "import torch; print(torch.cuda.device_count())")
+if [ "$DEVICE" = cpu ] || [ "$GPUS" -ge 2 ]; then
+    for strategy in ddp fsdp2; do
+        t=$SECONDS
+        # shellcheck disable=SC2086
+        $PY -m torch.distributed.run --standalone --nproc_per_node 2 -m minirl.train trainer.strategy=$strategy \
+            trainer.device=$DEVICE trainer.steps=$STEPS trainer.eval_every=$STEPS logger=none $MODEL \
+            model.cache_dir="$OUT/cache" hydra.run.dir="$OUT/run_$strategy" > "$OUT/run_$strategy.log" 2>&1
+        rc=$?
+        [ $rc = 0 ] || status=1
+        parallel="$parallel $strategy"
+        echo "   $strategy: exit $rc after $((SECONDS - t)) s (log $OUT/run_$strategy.log)"
+    done
+else
+    echo "   skipped: $GPUS GPU(s) here, 2 needed"
+fi
+
 echo "== 3. throughput"
-$PY - "$OUT" $engines lora <<'EOF'
+# shellcheck disable=SC2086
+$PY - "$OUT" $engines lora $parallel <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])

@@ -26,9 +26,9 @@ def seed_everything(seed: int, deterministic: bool, threads: int = 0) -> None:
 
 
 def rank_seed(seed: int, rank: int) -> int:
-    """The seed of rank `rank`'s RNG streams under several processes: `seed` itself on rank 0 (its run draws as
-    a single process's would), a stream derived from (seed, rank) on the others."""
-    return seed if rank == 0 else int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+    """The seed of the RNG streams of rank `rank` > 0 under several processes (rank 0 keeps `seed`'s own):
+    derived from (seed, rank), so that no two ranks, nor two seeds, share a stream."""
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
 
 
 def resolve_device(name: str, deterministic: bool = False, key: str = "trainer.device") -> torch.device:

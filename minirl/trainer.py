@@ -125,7 +125,8 @@ class Trainer:
         self.shuffle_rng = torch.Generator().manual_seed(cfg.trainer.seed)  # mini-batch order; not the global RNG
         self.step = 0  # the last completed step
         self.bad_steps = BadStepCounter(cfg.trainer.max_bad_steps)
-        seed_everything(rank_seed(cfg.trainer.seed, self.world.rank), cfg.trainer.deterministic)  # rollouts' streams
+        if self.world.rank:  # rank 0 draws on from the seed as one process does, the others from streams of their own
+            seed_everything(rank_seed(cfg.trainer.seed, self.world.rank), cfg.trainer.deterministic)
 
     def fit(self) -> TrainResult:
         cfg, console, main = self.cfg, self.console, self.world.is_main
