@@ -203,11 +203,15 @@ class ToolsConfig:
     names: List[str] = field(default_factory=lambda: list(MINIMIND_TOOL_NAMES))
     timeout_s: float = 2.0  # per call
     max_output_chars: int = 2048  # observation cap; longer output is cut with a marker
+    # calls running at once, those of every trajectory of a turn together (the rest wait for a free slot; a call's
+    # timeout counts from its own start); as many as the code sandbox's workers
+    max_concurrent_calls: int = 4
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # code_interpreter only
 
     def __post_init__(self) -> None:
         _check(len(self.names) > 0, "tools.names", "must name at least one tool")
         _check(self.timeout_s > 0, "tools.timeout_s", "must be > 0")
+        _check(self.max_concurrent_calls > 0, "tools.max_concurrent_calls", "must be > 0")
         _check(self.max_output_chars > 0, "tools.max_output_chars", "must be > 0")
 
 

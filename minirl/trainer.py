@@ -133,13 +133,7 @@ class Trainer:
         result = TrainResult(run_dir=self.run_dir)
         started = time.perf_counter()
         state = self.resume() if cfg.trainer.resume is Resume.auto else None
-        with (
-            Tracker(
-                cfg, self.run_dir, console, resume_step=self.step if state else None, run_id=state and state["run_id"]
-            )
-            if main
-            else MutedTracker() as tracker
-        ):  # closed, a failed run marked failed, however it ends
+        with self.tracker(state) as tracker:  # closed, a failed run marked failed, however the run ends
             fit = template_fit(self.tokenizer)
             console.print(lines.construction_line(fit.construction.value, fit.tool_rounds), highlight=False)
             if state is None:
@@ -175,6 +169,14 @@ class Trainer:
                 console.print(f"saved the final policy to {final}")
         result.wall_s = time.perf_counter() - started
         return result
+
+    def tracker(self, state: dict[str, Any] | None) -> Tracker:
+        """Where this rank's metrics go: on rank 0 the run's files and backend, continuing a resumed run's
+        (`state`: its checkpoint's), on the others nowhere."""
+        if not self.world.is_main:
+            return MutedTracker()
+        resume_step, run_id = (self.step, state["run_id"]) if state else (None, None)
+        return Tracker(self.cfg, self.run_dir, self.console, resume_step=resume_step, run_id=run_id)
 
     def train_step(self) -> tuple[dict[str, float], list[Trajectory]]:
         """One step, one line per stage. Returns its metrics and the trajectories learned from; a step whose

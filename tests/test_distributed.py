@@ -20,6 +20,11 @@ import pytest
 import torch
 
 from minirl.algos.losses import AGGREGATIONS
+from minirl.distributed.strategies import STRATEGIES, Parallel
+from minirl.distributed.world import World
+from minirl.errors import ConfigError
+from minirl.training.checkpoint import rank_rng_state
+from minirl.training.groups import gathered
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -29,6 +34,14 @@ RUN = ("debug=cpu", "logger=none", "trainer.eval_every=100", "trainer.trajectori
 
 def torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([*TORCHRUN, *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    """This module's own model cache: torchrun gives each rank one thread, and a tiny model built with one thread
+    differs in its last bits from the session cache's (built with the machine's thread count), which other tests
+    compare against tolerances."""
+    return tmp_path_factory.mktemp("torchrun-model-cache")
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -173,3 +186,45 @@ def test_a_failure_on_one_rank_stops_the_run_and_names_the_rank(cache_dir, tmp_p
     done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert "minirl: rank 1 of 2 failed: RuntimeError: the reward server is down" in done.stderr
+
+
+# -- a world of one, and the pieces every rank runs alike ------------------------------------------------------
+
+
+@pytest.mark.fast
+def test_a_world_of_one_has_identity_collectives_and_its_shares_keep_whole_groups_in_order():
+    world = World()
+    assert world.is_main and world.gather("x") == ["x"] and world.broadcast(3) == 3
+    t = torch.arange(4.0)
+    assert world.sum_(t) is t and torch.equal(t, torch.arange(4.0))
+    tasks = list(range(7))  # a round's tasks; each task is a group
+    parts = [World(rank=r, size=3).share(tasks) for r in range(3)]
+    assert parts == [[0, 1], [2, 3], [4, 5, 6]] and sum(parts, []) == tasks  # contiguous, rank order
+    assert [World(rank=r, size=8).share(tasks) for r in range(8)].count([]) == 1  # more ranks than tasks
+
+
+@pytest.mark.fast
+def test_gathered_groups_are_numbered_by_their_place_in_the_whole_round():
+    class Fake:  # the one field gathered reads and writes
+        def __init__(self, group_index: int) -> None:
+            self.group_index = group_index
+
+    class TwoRanks(World):  # what all_gather_object hands every rank: rank 0's round, then rank 1's
+        def gather(self, obj):
+            return [[Fake(0), Fake(0), Fake(1), Fake(1)], obj]
+
+    mine = [Fake(0), Fake(0), Fake(1), Fake(1), Fake(2), Fake(2)]  # rank 1's three groups of two
+    round_ = gathered(TwoRanks(rank=1, size=2), mine)
+    assert [t.group_index for t in round_] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+@pytest.mark.fast
+def test_strategy_none_under_several_processes_and_a_resume_with_another_count_are_config_errors():
+    assert STRATEGIES.names() == ["ddp", "fsdp2", "none"]
+    with pytest.raises(ConfigError, match="trainer.strategy=none under 2 processes"):
+        Parallel(torch.nn.Linear(2, 2), World(rank=0, size=2))
+    states = [{"torch": 0}, {"torch": 1}]
+    assert rank_rng_state(states, 1, 2) == {"torch": 1}
+    assert rank_rng_state({"torch": 0}, 0, 1) == {"torch": 0}  # a checkpoint of one process (or an older one)
+    with pytest.raises(ConfigError, match="written by 2 processes, this run has 1"):
+        rank_rng_state(states, 0, 1)

@@ -398,6 +398,62 @@ def test_slow_calls_time_out_concurrently():
     assert "timed out after 0.2 s" in results[0].content and results[0].latency_s >= 0.2
 
 
+class Meeting(Tool):
+    """Test-only tool whose calls wait for one another: `parties` of them return ok only when that many run at once
+    (a threading.Barrier), and its peak count of calls running together is recorded."""
+
+    name = "meeting"
+    description = "waits for the others"
+    parameters = {"type": "object", "properties": {}, "additionalProperties": False}
+
+    def __init__(self, parties: int) -> None:
+        self.barrier = threading.Barrier(parties, timeout=5)
+        self.lock, self.running, self.peak = threading.Lock(), 0, 0
+
+    def run(self, arguments: dict) -> dict:
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        try:
+            self.barrier.wait()
+        finally:
+            with self.lock:
+                self.running -= 1
+        return {"met": True}
+
+
+def test_a_batch_runs_the_calls_of_several_trajectories_together_within_the_concurrency_cap():
+    meeting = Meeting(parties=3)
+    executor = ToolExecutor({"meeting": meeting}, timeout_s=8.0, max_output_chars=2048, max_concurrent=3)
+    requests = [([ToolCall(f"t{i}", "meeting", {})], None, None) for i in range(6)]  # six trajectories, a call each
+    results = executor.execute_batch(requests)
+    assert [[r.status for r in rs] for rs in results] == [["ok"]] * 6  # two meetings of three: they overlapped
+    assert meeting.peak == 3  # never more than max_concurrent at once
+    assert [rs[0].call_id for rs in results] == [f"t{i}" for i in range(6)]
+
+
+class Sleepy(Tool):
+    name = "sleepy"
+    description = "sleeps 0.6 s"
+    parameters = {"type": "object", "properties": {}, "additionalProperties": False}
+
+    def run(self, arguments: dict) -> dict:
+        time.sleep(0.6)
+        return {}
+
+
+def test_a_call_waiting_for_a_slot_has_its_whole_timeout_once_it_starts():
+    executor = ToolExecutor({"sleepy": Sleepy()}, timeout_s=1.0, max_output_chars=2048, max_concurrent=1)
+    first, second, refused = executor.execute_batch(
+        [([ToolCall(f"t{i}", "sleepy", {})], None, None) for i in range(2)]
+        + [([ToolCall("t2", "sleepy", {})], None, 0)]
+    )
+    # one slot: the second call starts when the first ends (0.6 s in) and ends 1.2 s after the batch began, past a
+    # timeout counted from the batch's start but within its own
+    assert first[0].status == second[0].status == "ok"
+    assert refused[0].status == "over_budget"  # a request's budget holds in a batch
+
+
 def test_execute_many_keeps_call_order(executor):
     calls = [
         ToolCall("call_0", "get_current_time", {"timezone": "UTC"}),

@@ -1,7 +1,8 @@
 """The multi-turn agent loop: generate, parse, run tools, append observations, repeat.
 
 All live trajectories of a batch advance together, one assistant turn per engine call, until
-each one answers, produces an invalid turn, or runs out of turns or tokens. The next prompt is
+each one answers, produces an invalid turn, or runs out of turns or tokens; the calls of all of them
+after a turn run together, tools.max_concurrent_calls at once. The next prompt is
 built token-in / token-out (`minirl.protocol.chat`), so every sampled token stays exactly as
 sampled and keeps its sampler log-prob. Every call gets an id (`call_<turn>_<i>`) that its tool
 message carries as `tool_call_id`, next to the tool's `name`; each tool result enters the context
@@ -12,7 +13,7 @@ when the next prompt would leave fewer than `protocol.min_sample_room` tokens of
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from minirl.config import ProtocolConfig, RolloutConfig
@@ -29,7 +30,7 @@ from minirl.protocol.observation import fit_tool_messages
 from minirl.protocol.parsing import TurnKind, parse_turn
 from minirl.rollout.engine import Completion, Engine, SamplingParams
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
-from minirl.tools.executor import ToolExecutor
+from minirl.tools.executor import CallRequest, ToolExecutor
 
 
 @dataclass
@@ -53,6 +54,7 @@ class _Live:
     prompt: list[int]
     history: list[dict]
     tokenizer: Any
+    sampled: list[int] = field(default_factory=list)  # the last turn's sampled tokens
 
 
 def _tool_names(task: Task) -> list[str]:
@@ -105,8 +107,17 @@ def run_agent(
         if not live:
             break
         completions = engine.generate([s.prompt for s in live], sampling)
-        for state, completion in zip(live, completions):
-            _advance(state, completion, turn_index, state.tokenizer, engine.end_ids, executor, limits, protocol)
+        turns = [
+            _record(state, completion, turn_index, state.tokenizer, engine.end_ids, limits, protocol)
+            for state, completion in zip(live, completions)
+        ]
+        calling = [(s, turn) for s, turn in zip(live, turns) if turn is not None and calls_follow(s.traj, turn)]
+        # every trajectory's calls of this turn together: one's slow call does not hold up another's
+        results = executor.execute_batch([tool_request(s.traj, turn, limits) for s, turn in calling])
+        for (state, turn), tool_results in zip(calling, results):
+            turn.tool_results = tool_results
+            if another_turn(state.traj, turn_index, limits):
+                _append_observations(state, turn, limits, protocol)
     return trajectories
 
 
@@ -114,17 +125,33 @@ def run_turn_tools(traj: Trajectory, turn: Turn, turn_index: int, executor: Tool
     """After a turn that ended on its own (not cut by a token limit): an answer or an invalid turn ends the
     trajectory; otherwise run its calls within the conversation's tool-call budget (results go on the turn)
     and end at max_turns. Returns whether the trajectory goes on to another turn. Both agent loops (this
-    one and the message-level one in minirl/evaluation) share it."""
+    one and the message-level one in minirl/evaluation) share its parts; run_agent runs the calls of all
+    trajectories of a turn together (ToolExecutor.execute_batch)."""
+    if not calls_follow(traj, turn):
+        return False
+    turn.tool_results = executor.execute_many(*tool_request(traj, turn, limits))
+    return another_turn(traj, turn_index, limits)
+
+
+def calls_follow(traj: Trajectory, turn: Turn) -> bool:
+    """Whether the turn's calls run next: an answer or an invalid turn ends the trajectory instead."""
     if turn.parsed.kind is TurnKind.ANSWER:
         traj.finish_reason = TrajectoryEnd.ANSWER
         return False
     if turn.parsed.kind is TurnKind.INVALID:
         traj.finish_reason = TrajectoryEnd.INVALID
         return False
+    return True
+
+
+def tool_request(traj: Trajectory, turn: Turn, limits: AgentLimits) -> CallRequest:
+    """The turn's calls, the task's tools, and what is left of the conversation's tool-call budget."""
     used = sum(len(t.tool_results) for t in traj.turns[:-1])
-    turn.tool_results = executor.execute_many(
-        turn.parsed.tool_calls, allowed=_tool_names(traj.task), budget=limits.max_tool_calls - used
-    )
+    return turn.parsed.tool_calls, _tool_names(traj.task), limits.max_tool_calls - used
+
+
+def another_turn(traj: Trajectory, turn_index: int, limits: AgentLimits) -> bool:
+    """After the turn's calls ran: whether a turn follows (else the trajectory ends at max_turns)."""
     if turn_index + 1 >= limits.max_turns:
         traj.finish_reason = TrajectoryEnd.MAX_TURNS
         return False
@@ -141,9 +168,27 @@ def _advance(
     limits: AgentLimits,
     protocol: ProtocolConfig,
 ) -> None:
+    """One trajectory's turn from its completion: record it, run its calls, append their observations."""
+    turn = _record(state, completion, turn_index, tokenizer, end_ids, limits, protocol)
+    if turn is not None and run_turn_tools(state.traj, turn, turn_index, executor, limits):
+        _append_observations(state, turn, limits, protocol)
+
+
+def _record(
+    state: _Live,
+    completion,
+    turn_index: int,
+    tokenizer,
+    end_ids: Collection[int],
+    limits: AgentLimits,
+    protocol: ProtocolConfig,
+) -> Turn | None:
+    """The completion's tokens appended (within the token budget) and parsed into a turn: the turn, or None when
+    a token limit ended the trajectory."""
     traj = state.traj
     room = limits.max_total_tokens - len(state.prompt)
     tokens, logprobs = completion.token_ids[:room], completion.logprobs[:room]
+    state.sampled = tokens
     traj.response_ids += tokens
     traj.action_mask += [1] * len(tokens)
     traj.sampler_logprobs += logprobs
@@ -162,12 +207,17 @@ def _advance(
     traj.turns.append(turn)
     if len(tokens) < len(completion.token_ids):
         traj.finish_reason = TrajectoryEnd.TOKEN_BUDGET
-        return
+        return None
     if not completion.stopped:
         traj.finish_reason = TrajectoryEnd.TURN_TOKENS
-        return
-    if not run_turn_tools(traj, turn, turn_index, executor, limits):
-        return
+        return None
+    return turn
+
+
+def _append_observations(state: _Live, turn: Turn, limits: AgentLimits, protocol: ProtocolConfig) -> None:
+    """The turn's tool results as the next prompt's observation tokens (mask 0), cut to fit; a next prompt that
+    would not leave room to sample ends the trajectory (TOKEN_BUDGET)."""
+    traj, tokenizer, tokens = state.traj, state.tokenizer, state.sampled
     assistant = _assistant_message(turn)
     # the next prompt, leaving room to sample (no more than a turn samples)
     longest = limits.max_total_tokens - min(protocol.min_sample_room, limits.max_new_tokens)

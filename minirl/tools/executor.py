@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from minirl.config import ToolsConfig
@@ -69,18 +70,27 @@ class _Run:
         self._thread.join(max(0.0, deadline - time.perf_counter()))
 
 
-class ToolExecutor:
-    """Runs tool calls with schema checks, a per-call timeout and an observation cap. Never raises."""
+# one turn's calls: (the calls, the task's tool names or None for every tool, the conversation's remaining budget
+# of calls or None for no limit)
+CallRequest = tuple[Sequence[ToolCall], Collection[str] | None, int | None]
 
-    def __init__(self, tools: dict[str, Tool], timeout_s: float, max_output_chars: int) -> None:
+
+class ToolExecutor:
+    """Runs tool calls with schema checks, a per-call timeout and an observation cap, at most `max_concurrent`
+    at once. Never raises."""
+
+    def __init__(
+        self, tools: dict[str, Tool], timeout_s: float, max_output_chars: int, max_concurrent: int = 4
+    ) -> None:
         self.tools = tools
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
+        self.max_concurrent = max_concurrent
 
     @classmethod
     def from_config(cls, cfg: ToolsConfig) -> ToolExecutor:
-        """An executor of the configured tools (`tools.names`), with their timeout and observation cap."""
-        return cls(build_tools(cfg.names, cfg), cfg.timeout_s, cfg.max_output_chars)
+        """An executor of the configured tools (`tools.names`), with their timeout, observation cap and concurrency."""
+        return cls(build_tools(cfg.names, cfg), cfg.timeout_s, cfg.max_output_chars, cfg.max_concurrent_calls)
 
     def execute(self, call: ToolCall, allowed: Collection[str] | None = None) -> ToolResult:
         """Run one call; `allowed` is the task's tool list (None = every tool of the executor)."""
@@ -92,12 +102,35 @@ class ToolExecutor:
         """Run calls concurrently, each with its own timeout; results in call order. Calls past
         `budget` (the conversation's remaining tool calls; None = no limit) are not run: they get
         an "over_budget" error observation telling the model to answer."""
-        budget = len(calls) if budget is None else max(0, budget)
-        started = [self._start(call, allowed) for call in calls[:budget]]
-        refused = [
-            self._result(call, "over_budget", _error_json(_OVER_BUDGET), time.perf_counter()) for call in calls[budget:]
-        ]
-        return [item if isinstance(item, ToolResult) else self._finish(item) for item in started] + refused
+        return self.execute_batch([(calls, allowed, budget)])[0]
+
+    def execute_batch(self, requests: Sequence[CallRequest]) -> list[list[ToolResult]]:
+        """The calls of several turns (one per trajectory) together, `max_concurrent` running at once in request
+        and call order, so that one trajectory's calls need not wait for another's; per request its results in
+        call order (execute_many's). A call's timeout counts from its start, not from the wait for a slot."""
+        results: list[list[ToolResult | None]] = []
+        runs = []  # (request, position, call, allowed) of every call within its budget
+        for index, (calls, allowed, budget) in enumerate(requests):
+            budget = len(calls) if budget is None else max(0, budget)
+            results.append([None] * len(calls))
+            for position, call in enumerate(calls):
+                if position < budget:
+                    runs.append((index, position, call, allowed))
+                else:
+                    refused = self._result(call, "over_budget", _error_json(_OVER_BUDGET), time.perf_counter())
+                    results[index][position] = refused
+        if len(runs) <= 1:  # nothing to overlap
+            done = [self._run(call, allowed) for _, _, call, allowed in runs]
+        else:
+            with ThreadPoolExecutor(max_workers=self.max_concurrent, thread_name_prefix="tool-slot") as pool:
+                done = list(pool.map(lambda run: self._run(run[2], run[3]), runs))
+        for (index, position, _, _), result in zip(runs, done):
+            results[index][position] = result
+        return results
+
+    def _run(self, call: ToolCall, allowed: Collection[str] | None) -> ToolResult:
+        started = self._start(call, allowed)
+        return started if isinstance(started, ToolResult) else self._finish(started)
 
     def _result(self, call: ToolCall, status: ToolStatus, content: str, started: float) -> ToolResult:
         return ToolResult(
