@@ -26,7 +26,7 @@ from minirl.entry import CONF_DIR
 from minirl.errors import ConfigError
 from minirl.inference.sampling import SamplingParams
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd
-from minirl.training.batch import PolicyBatch, mini_batch_plan, sampling_logprobs, target_logprobs
+from minirl.training.batch import PolicyBatch, action_logits, mini_batch_plan, targets, token_logprobs
 
 pytestmark = pytest.mark.fast
 
@@ -132,22 +132,36 @@ def test_sampling_distribution_is_hf_generates_temperature_top_k_top_p(top_p, to
     scores = hf(None, logits[:, :-1].reshape(-1, 40)).reshape(2, 5, 40)  # [N, T, V] what generate samples from
     expected = torch.log_softmax(scores, dim=-1)
     batch = _batch(scores.argmax(dim=-1))  # sampled tokens inside the kept set
-    dist = sampling_logprobs(FixedLogits(logits), batch, SamplingParams(1, 0.7, top_p, top_k))
+    sampling = SamplingParams(1, 0.7, top_p, top_k)
+    dist = sampling.logprobs(action_logits(FixedLogits(logits), batch), kept=targets(batch))
     assert torch.equal(dist.isinf(), expected.isinf()) and expected.isinf().any()
     assert torch.allclose(dist, expected, atol=1e-6)
+    # what the trainer scores the sampled tokens with, without making the log-softmax: the same numbers
+    scored = token_logprobs(FixedLogits(logits), batch, sampling)
+    assert torch.allclose(scored, expected.gather(-1, targets(batch)[..., None])[..., 0], atol=1e-6)
 
     # a target outside the kept set (a rounding difference at its edge) stays in with a finite log-prob
-    batch = _batch(scores.argmin(dim=-1))
-    outside = target_logprobs(
-        sampling_logprobs(FixedLogits(logits), batch, SamplingParams(1, 0.7, top_p, top_k)), batch
-    )
+    outside = token_logprobs(FixedLogits(logits), _batch(scores.argmin(dim=-1)), sampling)
     assert torch.isfinite(outside).all()
 
 
 def test_no_filter_is_the_plain_tempered_softmax():
     logits = torch.randn(1, 4, 10)
-    dist = sampling_logprobs(FixedLogits(logits), _batch(torch.zeros(1, 3, dtype=torch.long)), SamplingParams(1, 0.5))
+    batch = _batch(torch.zeros(1, 3, dtype=torch.long))
+    dist = SamplingParams(1, 0.5).logprobs(action_logits(FixedLogits(logits), batch))
     assert torch.equal(dist, torch.log_softmax(logits[:, :-1].float() / 0.5, dim=-1))
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "top_k"), [(1.0, 1.0, 0), (0.7, 0.8, 5), (0.0, 1.0, 0)])
+def test_entropy_in_chunks_is_the_masked_entropy_of_the_sampling_distribution(temperature, top_p, top_k, monkeypatch):
+    torch.manual_seed(0)
+    logits, tokens = 3 * torch.randn(5, 4, 30), torch.randint(0, 30, (5, 4))
+    mask = (torch.rand(5, 4) > 0.3).float()
+    sampling = SamplingParams(1, temperature, top_p, top_k)
+    probs = sampling.logprobs(logits, kept=tokens).exp()
+    expected = (-(probs * probs.log()).nan_to_num().sum(-1) * mask).sum()  # 0 log 0 = 0
+    monkeypatch.setattr("minirl.inference.sampling.ENTROPY_ELEMENTS", 4 * 30 * 2)  # 2 rows at a time
+    assert torch.allclose(sampling.entropy(logits, tokens, mask), expected, atol=1e-5)
 
 
 # -- mini-batches --------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ def warped(
     """What a sampler draws from, as logits: divided by `temperature`, then -inf outside top-k / top-p.
     `kept` is for scoring tokens that were sampled: they lay in the sampler's kept set, so a rounding
     difference at the set's edge must not give one of them log-prob -inf."""
-    scaled = logits / temperature
+    scaled = logits if temperature == 1.0 else logits / temperature  # x / 1 == x: no [..., V] copy
     if top_k > 0 or top_p < 1:
         removed = outside_top_k_top_p(scaled, top_p, top_k)
         if kept is not None:
@@ -69,6 +69,9 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
     cdf = cdf / cdf[:, -1:]
     u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)  # [B, 1] in [0, 1)
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)
+
+
+ENTROPY_ELEMENTS = 1 << 24  # probabilities SamplingParams.entropy holds at once: 64 MiB of float32
 
 
 @dataclass
@@ -97,17 +100,42 @@ class SamplingParams:
     def greedy(self) -> bool:
         return is_greedy(self.temperature)
 
-    def logprobs(
+    def logits(
         self,
         logits: torch.Tensor,  # [..., V]
         kept: torch.Tensor | None = None,  # [...] a token id per row that stays in whatever the filter says
     ) -> torch.Tensor:  # [..., V]
-        """Log-probs of the distribution a row with these settings draws from: `warped` (temperature, then
-        top-k and top-p), renormalised; under greedy decoding the raw logits' log-softmax, as generate scores
-        it. What the sampler reports and what the trainer recomputes (`kept`: see `warped`)."""
-        if self.greedy:
-            return logits.log_softmax(dim=-1)
-        return warped(logits, self.temperature, self.top_p, self.top_k, kept).log_softmax(dim=-1)
+        """The logits of the distribution a row with these settings draws from: `warped` (temperature, then
+        top-k and top-p); under greedy decoding the raw logits, as generate scores them (`kept`: see `warped`).
+        Without a filter at temperature 1 they are `logits` itself, no copy."""
+        return logits if self.greedy else warped(logits, self.temperature, self.top_p, self.top_k, kept)
+
+    def logprobs(self, logits: torch.Tensor, kept: torch.Tensor | None = None) -> torch.Tensor:  # [..., V] -> [..., V]
+        """Log-probs of that distribution (`logits`), renormalised: what the sampler reports."""
+        return self.logits(logits, kept).log_softmax(dim=-1)
+
+    def token_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # [..., V], [...] -> [...]
+        """The log-probs of `tokens` under that distribution, as `logprobs` gathered at them, without making
+        the [..., V] log-softmax: the token's logit minus the row's logsumexp (whose backward makes the one
+        softmax it needs). What the trainer scores sampled tokens with."""
+        scaled = self.logits(logits, kept=tokens)
+        return scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - scaled.logsumexp(dim=-1)
+
+    @torch.no_grad()
+    def entropy(
+        self,
+        logits: torch.Tensor,  # [B, T, V]
+        tokens: torch.Tensor,  # [B, T] the tokens sampled (`kept`)
+        mask: torch.Tensor,  # [B, T] weight of each position
+    ) -> torch.Tensor:  # []
+        """The mask-weighted sum of that distribution's entropy over the positions, ENTROPY_ELEMENTS of the
+        [B, T, V] probabilities at a time (filtered tokens have probability 0, and entr(0) = 0)."""
+        rows = max(1, ENTROPY_ELEMENTS // max(1, logits.shape[1] * logits.shape[2]))
+        total = logits.new_zeros((), dtype=torch.float32)
+        for chunk, chunk_tokens, chunk_mask in zip(logits.split(rows), tokens.split(rows), mask.split(rows)):
+            probs = self.logprobs(chunk.float(), kept=chunk_tokens).exp_()  # [b, T, V]
+            total += (torch.special.entr(probs).sum(dim=-1) * chunk_mask).sum()
+        return total
 
 
 def sample_tokens(

@@ -77,28 +77,27 @@ def collate(trajs: list[Trajectory], advantages: torch.Tensor, pad_id: int) -> P
     return PolicyBatch(input_ids, attention, start, old_logp, mask, advantages, prompt_lengths)
 
 
-def sampling_logprobs(model, batch: PolicyBatch, sampling: SamplingParams, share_prompts: bool = True) -> torch.Tensor:
-    """[N, L - 1 - start, V] log-probs of the distribution each target token was sampled from
-    (`SamplingParams.logprobs`: the policy's logits divided by the temperature, filtered by top-k then top-p,
-    renormalised); what the engines report as sampler log-probs. The target token always stays in (`kept`).
+def action_logits(model, batch: PolicyBatch, share_prompts: bool = True) -> torch.Tensor:
+    """[N, L - 1 - start, V] the model's logits at every target column, float32 (each scores the next token).
     `share_prompts`: each prompt encoded once (prompt_shared_logits), else one plain forward of every row."""
     keep = batch.input_ids.shape[1] - batch.start  # logits only where an action can be predicted
     if share_prompts:  # each prompt once; its last token stays in every row, its logit predicts the first action
         logits = prompt_shared_logits(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths - 1, keep)
     else:
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits
-    targets = batch.input_ids[:, batch.start + 1 :]  # [N, L - 1 - start]
-    return sampling.logprobs(logits[:, :-1].float(), kept=targets)
+    return logits[:, :-1].float()  # no copy when the model computes in float32
 
 
-def target_logprobs(dist: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
-    """[N, L - 1 - start] the entries of dist [N, L - 1 - start, V] at the target tokens."""
-    return dist.gather(-1, batch.input_ids[:, batch.start + 1 :].unsqueeze(-1)).squeeze(-1)
+def targets(batch: PolicyBatch) -> torch.Tensor:
+    """[N, L - 1 - start] the token each target column scores."""
+    return batch.input_ids[:, batch.start + 1 :]
 
 
-def token_logprobs(model, batch: PolicyBatch, sampling: SamplingParams) -> torch.Tensor:
-    """[N, L - 1 - start] log-probs of the target tokens under the sampling distribution (sampling_logprobs)."""
-    return target_logprobs(sampling_logprobs(model, batch, sampling), batch)
+def token_logprobs(model, batch: PolicyBatch, sampling: SamplingParams, share_prompts: bool = True) -> torch.Tensor:
+    """[N, L - 1 - start] log-probs of the target tokens under the distribution each was sampled from
+    (`SamplingParams.token_logprobs`: the policy's logits divided by the temperature, filtered by top-k then
+    top-p, renormalised; the target token always stays in); what the engines report as sampler log-probs."""
+    return sampling.token_logprobs(action_logits(model, batch, share_prompts), targets(batch))
 
 
 def micro_batches(

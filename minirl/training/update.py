@@ -29,7 +29,7 @@ from minirl.config import AlgoConfig, LossConfig, LRSchedule, OldLogprobs, Overl
 from minirl.distributed.strategies import Parallel
 from minirl.inference.sampling import SamplingParams
 from minirl.rollout.trajectory import Trajectory
-from minirl.training.batch import PolicyBatch, batch_logprobs, micro_batches, sampling_logprobs, target_logprobs
+from minirl.training.batch import PolicyBatch, action_logits, batch_logprobs, micro_batches, targets
 
 
 def lr_factor(step: int, t: TrainerConfig) -> float:
@@ -111,26 +111,27 @@ class PolicyOptimizer:
         mine = [(micro, 1.0) for micro in micros[world.rank :: world.size]]
         mine += [(micros[0], 0.0)] * (count - len(mine))  # weight 0: the same forwards on every rank
         sums: dict[str, torch.Tensor] = {}
-        entropy_sum = torch.zeros(())
+        entropy_sum = torch.zeros((), device=self.device)
         for i, (micro, weight) in enumerate(mine):
+            share = weight * micro_batch_share(micro.mask, mask, self.loss_cfg.agg)  # on the host's masks: no sync
             micro = micro.to(self.device)
-            share = weight * micro_batch_share(micro.mask, mask, self.loss_cfg.agg)
             with self.parallel.gradient_sync(i == count - 1):
                 with torch.autocast(self.device.type, torch.bfloat16, enabled=self.trainer_cfg.bf16_autocast):
-                    dist = sampling_logprobs(self.parallel.trained, micro, self.sampling, self.parallel.shares_prompts)
-                logp = target_logprobs(dist, micro)  # [b, T]
+                    logits = action_logits(self.parallel.trained, micro, self.parallel.shares_prompts)
+                logp = self.sampling.token_logprobs(logits, targets(micro))  # [b, T]
                 out = self.loss_fn(
                     logp, micro.old_logp, micro.ref_logp, micro.advantages, micro.mask, self.loss_cfg,
                     is_weights=micro.is_weights,
                 )  # fmt: skip
                 loss = out.loss * math.nan if poisoned else out.loss
                 (loss * share * world.size).backward()  # the ranks' gradients are averaged
-            for key, value in out.metrics.items():
-                sums[key] = sums.get(key, 0.0) + value.detach().cpu() * share
-            action = dist.detach()[micro.mask > 0]  # [tokens, V]; entr(0) = 0 for tokens top-k/top-p removed
-            entropy_sum += weight * torch.special.entr(action.exp()).sum().cpu()
+            for key, value in out.metrics.items():  # on the device: one transfer for the mini-batch, below
+                sums[key] = sums.get(key, 0.0) + value.detach() * share
+            entropy_sum += weight * self.sampling.entropy(logits.detach(), targets(micro), (micro.mask > 0).float())
         keys = sorted(sums)
-        totals = world.sum_(torch.stack([torch.as_tensor(sums[k], dtype=torch.float32) for k in keys] + [entropy_sum]))
+        values = [torch.as_tensor(sums[k], dtype=torch.float32, device=self.device) for k in keys]
+        stacked = torch.stack([*values, entropy_sum])
+        totals = world.sum_(stacked.cpu())
         metrics = {k: float(v) for k, v in zip(keys, totals[:-1])}
         return {**metrics, "entropy": float(totals[-1] / mask.sum().clamp(min=1))}
 
