@@ -314,6 +314,11 @@ class RolloutConfig:
     # template kwargs as model.chat_template_kwargs set them (held-out evaluation always renders so)
     thinking_ratio: Optional[float] = None
     thinking_unit: ThinkingUnit = ThinkingUnit.group  # group | trajectory
+    # true: every live trajectory's turn is sampled in one engine call, then all their tool calls run, then the
+    # next turn (the same seed repeats bit for bit); false (the torch engine): a trajectory's calls start as its
+    # turn ends and its next turn joins the decoding batch when they are in, each trajectory drawing from a
+    # generator of its own (minirl/rollout/agent_loop.py); engines without that schedule ignore it
+    barrier: bool = True
 
     def __post_init__(self) -> None:
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1")

@@ -276,8 +276,9 @@ class Trainer:
         self.policy.eval()  # no dropout while sampling
         sampling, protocol = SamplingParams.from_config(r, temperature), self.cfg.protocol
         return run_agent(
-            self.engine, self.tokenizer, self.executor, tasks, group_size, self.limits, sampling, protocol, thinking
-        )
+            self.engine, self.tokenizer, self.executor, tasks, group_size, self.limits, sampling, protocol, thinking,
+            barrier=r.barrier,
+        )  # fmt: skip
 
     def reference_answer(self, traj: Trajectory) -> Trajectory | None:
         """The reference answer of traj's task, replayed in its group slot and scored (training/shaping.py)."""

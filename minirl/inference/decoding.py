@@ -55,9 +55,12 @@ class StoredPrefix:
 class PrefixStore:
     """The rows a decoding batch finished, for the next batch to reuse: a conversation's next prompt starts
     with every token its last turn fed the model (token in, token out), so its prefill need only encode what
-    was appended since. Valid only for the weights that computed them."""
+    was appended since. Valid only for the weights that computed them. With `consume`, a prefix found is
+    taken out: the row that extends it holds it in its own cache from then on (an agent loop whose rows come
+    back turn after turn keeps one copy of each conversation, not one per turn)."""
 
-    def __init__(self) -> None:
+    def __init__(self, consume: bool = False) -> None:
+        self.consume = consume
         self._prefixes: dict[tuple[int, ...], StoredPrefix] = {}
         self._order: list[tuple[int, ...]] = []  # sorted token sequences, built at the first lookup
 
@@ -75,6 +78,9 @@ class PrefixStore:
         for i in range(bisect.bisect_left(self._order, prompt) - 1, -1, -1):
             tokens = self._order[i]
             if prompt[: len(tokens)] == tokens:
+                if self.consume:
+                    self._order = []
+                    return self._prefixes.pop(tokens)
                 return self._prefixes[tokens]
             if tokens[:1] != prompt[:1]:  # sorted: nothing further down shares even the first token
                 return None

@@ -18,8 +18,9 @@ fed. A later change can build continuous batching on this: admit a request's row
 Greedy rows take their argmax together. Rows without a torch.Generator of their own and with the same
 temperature, top-p and top-k draw together from the global torch RNG: one `minirl.inference.sampling.draw`
 over their logits as one batch (one uniform per row, in batch order), the rollout's draws since the torch
-engine was written. A row with its own generator draws alone from it, so its tokens do not depend on
-what it is batched with, up to the rounding of batched matrix products.
+engine was written. Rows with generators of their own and the same settings draw together too, each row's
+uniform from its own generator, so a row's tokens do not depend on what it is batched with, up to the
+rounding of batched matrix products.
 """
 
 from __future__ import annotations
@@ -175,19 +176,16 @@ class DecodeLoop:
         groups: dict[tuple, list[int]] = {}
         for i, row in enumerate(self._rows):
             params, generator = row.request.params, row.request.generator
-            if params.greedy:
-                key: tuple = ("greedy",)
-            elif generator is None:
-                key = ("global", params.temperature, params.top_p, params.top_k)
-            else:
-                key = ("own", i)
+            settings = (params.temperature, params.top_p, params.top_k)
+            key: tuple = ("greedy",) if params.greedy else ("global" if generator is None else "own", *settings)
             groups.setdefault(key, []).append(i)
         tokens, logprobs = [0] * len(self._rows), [0.0] * len(self._rows)
         for members in groups.values():
             request = self._rows[members[0]].request
             whole = len(members) == len(self._rows)
             part = logits if whole else logits[torch.tensor(members, device=logits.device)]  # [b, V]
-            drawn, scores = sample_tokens(part, request.params, None if request.params.greedy else request.generator)
+            own = [self._rows[i].request.generator for i in members] if request.generator is not None else None
+            drawn, scores = sample_tokens(part, request.params, None if request.params.greedy else own)
             for i, token, logprob in zip(members, drawn.tolist(), scores.tolist()):
                 tokens[i], logprobs[i] = token, logprob
         return tokens, logprobs

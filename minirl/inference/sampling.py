@@ -5,6 +5,7 @@ the server and the trainer's log-probs; the top-k / top-p filter (`warped`) they
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -60,14 +61,22 @@ def warped(
     return scaled
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:  # [B, V] -> [B]
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def draw(probs: torch.Tensor, generator: Generators = None) -> torch.Tensor:  # [B, V] -> [B]
     """One token per row of `probs` (non-negative, rows need not sum to 1) by inverse-CDF sampling: a
     uniform draw located in the row's cumulative sum. Same distribution as `torch.multinomial(probs, 1)`,
     several times faster on CPU (multinomial draws an exponential variate for every entry). A token of
-    probability 0 is never drawn: the row's CDF is scaled to end at exactly 1 and the search is strict."""
+    probability 0 is never drawn: the row's CDF is scaled to end at exactly 1 and the search is strict.
+    `generator`: one for the whole batch (its uniforms in row order; None = the global RNG), or a sequence of
+    one per row, each row's uniform drawn from its own."""
     cdf = probs.cumsum(dim=-1)  # [B, V]
     cdf = cdf / cdf[:, -1:]
-    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)  # [B, 1] in [0, 1)
+    if generator is None or isinstance(generator, torch.Generator):
+        u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)  # [B, 1]
+    else:
+        u = torch.cat([torch.rand((1, 1), generator=g, device=probs.device, dtype=cdf.dtype) for g in generator])
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)
 
 
@@ -141,7 +150,7 @@ class SamplingParams:
 def sample_tokens(
     logits: torch.Tensor,  # [B, V] float32
     params: SamplingParams,
-    generator: torch.Generator | None = None,  # None: the global torch RNG
+    generator: Generators = None,  # None: the global torch RNG; a sequence: one per row (`draw`)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [B] tokens, [B] their log-probs
     """One token per row of `logits` and its log-prob under the distribution it was drawn from
     (`SamplingParams.logprobs`): the argmax under greedy decoding, else one `draw` for the whole batch."""

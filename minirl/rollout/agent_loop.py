@@ -1,8 +1,14 @@
 """The multi-turn agent loop: generate, parse, run tools, append observations, repeat.
 
-All live trajectories of a batch advance together, one assistant turn per engine call, until
-each one answers, produces an invalid turn, or runs out of turns or tokens; the calls of all of them
-after a turn run together, tools.max_concurrent_calls at once. The next prompt is
+Each trajectory goes on until it answers, produces an invalid turn, or runs out of turns or tokens, in one
+of two schedules. With a round barrier (`barrier=True`, rollout.barrier, and every engine without a
+`session`), all live trajectories advance together, one assistant turn per engine call, and the calls of
+all of them after a turn run together, tools.max_concurrent_calls at once. Without one (the torch engine's
+`session`), a trajectory whose turn ends starts its calls at once, on the executor's pool, while the other
+rows keep decoding, and its next turn joins the running batch at the next decoding step once its
+observations are in (continuous batching across turns); each trajectory then draws from a torch.Generator
+of its own, seeded from the global RNG, so that what it samples does not depend on when tool wall-clock
+let it join, up to the rounding of batched matrix products. The next prompt is
 built token-in / token-out (`minirl.protocol.chat`), so every sampled token stays exactly as
 sampled and keeps its sampler log-prob. Every call gets an id (`call_<turn>_<i>`) that its tool
 message carries as `tool_call_id`, next to the tool's `name`; each tool result enters the context
@@ -13,11 +19,15 @@ when the next prompt would leave fewer than `protocol.min_sample_room` tokens of
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from minirl.config import ProtocolConfig, RolloutConfig
 from minirl.data.task import Task
+from minirl.inference.loop import DecodeLoop, RowRequest, StopReason
 from minirl.protocol.chat import (
     assistant_turn,
     next_prompt,
@@ -30,7 +40,7 @@ from minirl.protocol.observation import fit_tool_messages
 from minirl.protocol.parsing import TurnKind, parse_turn
 from minirl.rollout.engine import Completion, Engine, SamplingParams
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
-from minirl.tools.executor import CallRequest, ToolExecutor
+from minirl.tools.executor import CallRequest, PendingCalls, ToolExecutor
 
 
 @dataclass
@@ -55,6 +65,7 @@ class _Live:
     history: list[dict]
     tokenizer: Any
     sampled: list[int] = field(default_factory=list)  # the last turn's sampled tokens
+    generator: torch.Generator | None = None  # without a round barrier: the one it draws from
 
 
 def _tool_names(task: Task) -> list[str]:
@@ -79,11 +90,13 @@ def run_agent(
     sampling: SamplingParams,
     protocol: ProtocolConfig,
     thinking: Sequence[bool] | None = None,
+    barrier: bool = True,
 ) -> list[Trajectory]:
     """`group_size` trajectories per task; trajectories of one task are contiguous. `protocol` says
     how calls are read (format, call policy) and how many tokens of each tool result the model sees. `thinking`,
     one per trajectory (rollout/thinking.py), says whether it renders with the template's thinking on; it is
-    recorded on the trajectory. A task whose first prompt alone fills limits.max_total_tokens samples nothing: its
+    recorded on the trajectory. `barrier`: the schedule (module docstring); an engine without a `session`
+    always runs with one. A task whose first prompt alone fills limits.max_total_tokens samples nothing: its
     trajectories end at once (TOKEN_BUDGET, no response tokens). A chat template that cannot build
     limits.max_turns - 1 tool rounds in a row raises ConfigError before anything is sampled (require_tool_rounds)."""
     views = {None: tokenizer} if thinking is None else thinking_views(tokenizer)
@@ -102,6 +115,26 @@ def run_agent(
             if len(prompt) >= limits.max_total_tokens:
                 traj.finish_reason = TrajectoryEnd.TOKEN_BUDGET
     trajectories = [s.traj for s in live]
+    session = getattr(engine, "session", None)
+    if barrier or session is None:
+        _with_barrier(engine, executor, live, limits, sampling, protocol)
+    else:
+        if not sampling.greedy:
+            _own_generators(live, sampling.seed, engine.device)
+        with session() as loop:
+            _without_barrier(loop, engine.end_ids, executor, live, limits, sampling, protocol)
+    return trajectories
+
+
+def _with_barrier(
+    engine: Engine,
+    executor: ToolExecutor,
+    live: list[_Live],
+    limits: AgentLimits,
+    sampling: SamplingParams,
+    protocol: ProtocolConfig,
+) -> None:
+    """Turn by turn: one engine call for every live trajectory, then all their calls together."""
     for turn_index in range(limits.max_turns):
         live = [s for s in live if not s.traj.done]
         if not live:
@@ -118,7 +151,63 @@ def run_agent(
             turn.tool_results = tool_results
             if another_turn(state.traj, turn_index, limits):
                 _append_observations(state, turn, limits, protocol)
-    return trajectories
+
+
+def _own_generators(live: list[_Live], seed: int | None, device) -> None:
+    """A generator for every trajectory, its seed drawn from the global torch RNG (seeded with `seed` first
+    when given, as a module engine's generate call does)."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    for state, row_seed in zip(live, torch.randint(0, 2**62, (len(live),)).tolist()):
+        state.generator = torch.Generator(device=device).manual_seed(row_seed)
+
+
+def _without_barrier(
+    loop: DecodeLoop,
+    end_ids: Collection[int],
+    executor: ToolExecutor,
+    live: list[_Live],
+    limits: AgentLimits,
+    sampling: SamplingParams,
+    protocol: ProtocolConfig,
+) -> None:
+    """Every trajectory on one decoding loop: a finished turn's calls start on the pool at once, and the next
+    turn is admitted as soon as they are in (module docstring)."""
+    rows: dict[int, tuple[_Live, int, Completion]] = {}  # the loop's row -> (trajectory, its turn, what it sampled)
+    calling: list[tuple[_Live, Turn, int, PendingCalls]] = []  # turns whose calls run
+
+    def admit(state: _Live, turn_index: int) -> None:
+        row = loop.admit([RowRequest(state.prompt, sampling, state.generator)])[0]
+        rows[row] = (state, turn_index, Completion([], [], False))
+
+    for state in live:
+        if not state.traj.done:
+            admit(state, 0)
+    with executor.pool() as pool:
+        while loop.rows or calling:
+            if loop.rows:
+                for sampled in loop.step():
+                    state, turn_index, completion = rows[sampled.row]
+                    completion.token_ids.append(sampled.token)
+                    completion.logprobs.append(sampled.logprob)
+                    if sampled.stop is None:
+                        continue
+                    del rows[sampled.row]
+                    completion.stopped = sampled.stop is StopReason.stop
+                    turn = _record(state, completion, turn_index, state.tokenizer, end_ids, limits, protocol)
+                    if turn is not None and calls_follow(state.traj, turn):
+                        request = pool.submit(tool_request(state.traj, turn, limits))
+                        calling.append((state, turn, turn_index, request))
+            else:  # nothing decodes: wait for the first calls to come back
+                wait([future for *_, pending in calling for future in pending.futures()], return_when=FIRST_COMPLETED)
+            for item in [item for item in calling if item[3].done()]:
+                calling.remove(item)
+                state, turn, turn_index, pending = item
+                turn.tool_results = pending.results()
+                if another_turn(state.traj, turn_index, limits):
+                    _append_observations(state, turn, limits, protocol)
+                    if not state.traj.done:
+                        admit(state, turn_index + 1)
 
 
 def run_turn_tools(traj: Trajectory, turn: Turn, turn_index: int, executor: ToolExecutor, limits: AgentLimits) -> bool:

@@ -11,6 +11,9 @@ from the global torch RNG, the whole batch at once each step.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from minirl.inference.decoding import PrefixStore
@@ -32,6 +35,20 @@ class TorchEngine(ModuleEngine):
 
     def free_memory(self) -> None:
         self.finished = PrefixStore()  # the update changes the weights that computed them: free them now
+
+    @contextmanager
+    def session(self) -> Iterator[DecodeLoop]:
+        """A decoding loop that rows join while others decode (the agent loop without a round barrier,
+        minirl/rollout/agent_loop.py): a row's next turn encodes only what was appended since its last one,
+        whose keys and values the loop kept when it left. The module is in eval mode, under no_grad."""
+        store = PrefixStore(consume=True)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                yield DecodeLoop(self.model, self.pad_id, self.end_ids, reuse=store, store=store)
+        finally:
+            self.model.train(was_training)
 
     def sample(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         loop = DecodeLoop(self.model, self.pad_id, self.end_ids, reuse=self.finished, store=PrefixStore())

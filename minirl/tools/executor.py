@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Collection, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from minirl.config import ToolsConfig
@@ -75,6 +77,43 @@ class _Run:
 CallRequest = tuple[Sequence[ToolCall], Collection[str] | None, int | None]
 
 
+class PendingCalls:
+    """One turn's calls on a `CallPool`: each a finished result (refused up front) or a running future."""
+
+    def __init__(self, slots: list[ToolResult | Future]) -> None:
+        self.slots = slots
+
+    def futures(self) -> list[Future]:
+        return [slot for slot in self.slots if isinstance(slot, Future)]
+
+    def done(self) -> bool:
+        return all(future.done() for future in self.futures())
+
+    def results(self) -> list[ToolResult]:
+        """The results in call order, waiting for those still running."""
+        return [slot.result() if isinstance(slot, Future) else slot for slot in self.slots]
+
+
+@dataclass
+class CallPool:
+    """Calls submitted one turn at a time and run `executor.max_concurrent` at once, in submission order, while
+    the submitter goes on (an agent loop decoding other rows); from `ToolExecutor.pool`."""
+
+    executor: ToolExecutor
+    slots: ThreadPoolExecutor
+
+    def submit(self, request: CallRequest) -> PendingCalls:
+        """Start a turn's calls (execute_many's budget rule: calls past it get an "over_budget" observation)."""
+        calls, allowed, budget = request
+        budget = len(calls) if budget is None else max(0, budget)
+        refused = _error_json(_OVER_BUDGET)
+        return PendingCalls([
+            self.slots.submit(self.executor._run, call, allowed) if position < budget
+            else self.executor._result(call, "over_budget", refused, time.perf_counter())
+            for position, call in enumerate(calls)
+        ])  # fmt: skip
+
+
 class ToolExecutor:
     """Runs tool calls with schema checks, a per-call timeout and an observation cap, at most `max_concurrent`
     at once. Never raises."""
@@ -108,25 +147,15 @@ class ToolExecutor:
         """The calls of several turns (one per trajectory) together, `max_concurrent` running at once in request
         and call order, so that one trajectory's calls need not wait for another's; per request its results in
         call order (execute_many's). A call's timeout counts from its start, not from the wait for a slot."""
-        results: list[list[ToolResult | None]] = []
-        runs = []  # (request, position, call, allowed) of every call within its budget
-        for index, (calls, allowed, budget) in enumerate(requests):
-            budget = len(calls) if budget is None else max(0, budget)
-            results.append([None] * len(calls))
-            for position, call in enumerate(calls):
-                if position < budget:
-                    runs.append((index, position, call, allowed))
-                else:
-                    refused = self._result(call, "over_budget", _error_json(_OVER_BUDGET), time.perf_counter())
-                    results[index][position] = refused
-        if len(runs) <= 1:  # nothing to overlap
-            done = [self._run(call, allowed) for _, _, call, allowed in runs]
-        else:
-            with ThreadPoolExecutor(max_workers=self.max_concurrent, thread_name_prefix="tool-slot") as pool:
-                done = list(pool.map(lambda run: self._run(run[2], run[3]), runs))
-        for (index, position, _, _), result in zip(runs, done):
-            results[index][position] = result
-        return results
+        with self.pool() as pool:
+            pending = [pool.submit(request) for request in requests]
+            return [calls.results() for calls in pending]
+
+    @contextmanager
+    def pool(self) -> Iterator[CallPool]:
+        """Slots for `max_concurrent` calls at once, open while the block runs (`CallPool`)."""
+        with ThreadPoolExecutor(max_workers=self.max_concurrent, thread_name_prefix="tool-slot") as slots:
+            yield CallPool(self, slots)
 
     def _run(self, call: ToolCall, allowed: Collection[str] | None) -> ToolResult:
         started = self._start(call, allowed)
