@@ -22,7 +22,7 @@ endif
 
 TEST_ENV := WANDB_MODE=offline HF_HUB_OFFLINE=1
 
-.PHONY: help install test test-fast lint demo clean parity vllm-env test-vllm
+.PHONY: help install test test-fast lint demo bench clean parity vllm-env test-vllm
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -56,6 +56,17 @@ lint: $(SETUP) ## ruff lint and format check, and the import-layer contract
 
 demo: $(SETUP) ## the default run: build + warm-start the tiny model, then agentic RL on CPU
 	$(PYTHON) -m minirl.train
+
+# `make bench` (experiments/bench/): TRL and matplotlib, the bench extra, installed into $(VENV) once per change of
+# pyproject.toml; with PYTHON=... the bench extra is that environment's to have
+$(VENV)/.bench-installed: pyproject.toml | $(SETUP)
+	$(PYTHON) -m pip install "$(TORCH_CPU)" -e ".[bench]"
+	touch $@
+
+bench: $(SETUP) $(if $(SETUP),$(VENV)/.bench-installed) ## minirl against TRL's GRPOTrainer and the raw floors; prefill against turns; rollouts against tool latency: tables, JSON, PNGs (experiments/bench/results)
+	$(PYTHON) experiments/bench/run.py
+	$(PYTHON) experiments/bench/turns.py
+	$(PYTHON) experiments/bench/tool_latency.py
 
 # `make parity`: verl and what its core_algos imports, installed with --no-deps into PARITY_DIR, a folder put on
 # PYTHONPATH, so that the project's interpreter, torch and minirl stay as they are (none of this is in `make test`)
