@@ -46,7 +46,7 @@ from minirl.inspection import (
     trajectory_table,
     write_trajectories,
 )
-from minirl.metrics import advantage_metrics, group_metrics, heldout_metrics, rollout_metrics
+from minirl.metrics import advantage_metrics, group_metrics, rollout_metrics
 from minirl.models.loading import load_policy, load_reference, load_tokenizer
 from minirl.protocol.chat import template_fit, thinking_views
 from minirl.rewards import SUCCESS_CRITERIA, score_all
@@ -55,7 +55,6 @@ from minirl.rollout.engine import build_engine
 from minirl.rollout.thinking import draw_thinking
 from minirl.rollout.trajectory import Trajectory
 from minirl.runtime import rank_seed, resolve_device, seed_everything
-from minirl.stats import paired_split, sign_test_p
 from minirl.tools import ToolExecutor
 from minirl.tools.base import check_offered_tools
 from minirl.tracking import MutedTracker, Tracker
@@ -72,8 +71,9 @@ from minirl.training.checkpoint import (
     save_checkpoint,
     save_policy,
 )
-from minirl.training.faults import BadStepCounter, reported_out_of_memory
+from minirl.training.faults import BadStepCounter, rollout_memory_hint, update_memory_hint
 from minirl.training.groups import TaskQueue, collect_groups, gathered
+from minirl.training.heldout import heldout_comparison
 from minirl.training.shaping import guided, kl_shaped, replayed, score
 from minirl.training.update import PolicyOptimizer, prepare_batch
 from minirl.validate import validate
@@ -183,7 +183,9 @@ class Trainer:
         groups all tied makes no update. Running out of memory raises TrainingError with the sizes that
         caused it."""
         cfg, t0 = self.cfg, time.perf_counter()
-        with self.memory_hint("rollout", self.prompts_per_round * cfg.rollout.group_size):
+        with rollout_memory_hint(
+            "rollout", self.prompts_per_round * cfg.rollout.group_size, cfg.rollout.max_total_tokens
+        ):
             sampled, trajs = self.sample_groups()  # rollout -> reward (-> guidance, dynamic sampling), in rounds
         t1 = time.perf_counter()
         update: dict[str, float] = {}
@@ -191,7 +193,8 @@ class Trainer:
             every = cfg.rollout.sync_check_every
             probe = sync_check.probe(self.policy, trajs, self.device) if every and self.step % every == 0 else None
             self.engine.free_memory()  # vLLM on CUDA sleeps until the sync
-            with self.memory_hint("the policy update", min(cfg.trainer.micro_batch_size, len(trajs)), trajs):
+            longest = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
+            with update_memory_hint("the policy update", min(cfg.trainer.micro_batch_size, len(trajs)), longest):
                 batch, shaping = self.advantages(trajs)  # advantage, of the rewards minus any KL in the reward
                 update = {**shaping, **self.update(batch, trajs)}  # loss + optimizer steps
             self.engine.sync_weights(self.policy)  # weight sync: the next rollout samples from the new weights
@@ -259,16 +262,6 @@ class Trainer:
         """Prompts one rollout round samples: algo.prompts_per_round, or trainer.prompts_per_step when that is 0."""
         return self.cfg.algo.prompts_per_round or self.cfg.trainer.prompts_per_step
 
-    def memory_hint(self, phase: str, rows: int, trajs: list[Trajectory] | None = None):
-        """Out of memory in `phase` becomes a TrainingError with its sizes and what to lower."""
-        if trajs is None:
-            hint = "lower rollout.group_size, trainer.prompts_per_step, algo.prompts_per_round"
-            longest = self.cfg.rollout.max_total_tokens
-            return reported_out_of_memory(phase, rows, longest, f"{hint} or rollout.max_total_tokens")
-        longest = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
-        hint = "lower trainer.micro_batch_size (gradients accumulate to the same update) or rollout.max_total_tokens"
-        return reported_out_of_memory(phase, rows, longest, hint)
-
     def rollout(self, tasks: list[Task], group_size: int, temperature: float, train: bool = False) -> list[Trajectory]:
         """`group_size` trajectories per task; a training one draws which render with thinking on (thinking_ratio)."""
         r = self.cfg.rollout
@@ -286,22 +279,15 @@ class Trainer:
 
     def log_eval(self, step: int, tracker: Tracker, result: TrainResult) -> None:
         """Held-out metrics at trainer.eval_temperature; after step 0 also the tasks gained and lost since then
-        and the sign test's p-value of that split (the chance of one as uneven if every changed task were a
-        coin flip). The reward model (reward.model) scores no held-out task: `rm` is 0 there. Rank 0 alone."""
+        (minirl/training/heldout.py). The reward model (reward.model) scores no held-out task: `rm` is 0 there.
+        Rank 0 alone."""
         if not self.world.is_main:
             return
         trajs = self.rollout(self.heldout, 1, self.cfg.trainer.eval_temperature)
         score_all(trajs, self.cfg.reward)  # the reward terms alone: no penalty shapes what held-out tasks score
-        metrics = heldout_metrics(trajs, self.solved, prefix="eval/")
-        solved = [self.solved(traj) for traj in trajs]  # trajs in held-out task order
-        change = ""
+        metrics, solved, change = heldout_comparison(trajs, self.solved, result.solved_at_start if step else [])
         if step == 0:
             result.solved_at_start = solved
-        elif result.solved_at_start:
-            gained, lost = paired_split(result.solved_at_start, solved)
-            p = sign_test_p(gained, lost)
-            metrics.update({"eval/tasks_gained": float(gained), "eval/tasks_lost": float(lost), "eval/sign_test_p": p})
-            change = f"; since step 0: {gained} tasks gained, {lost} lost, sign test p {p:.3f}"
         tracker.log(step, metrics)
         tracker.log_heldout(step, [task.id for task in self.heldout], solved)  # pairs runs task by task (the report)
         result.eval_history.append((step, metrics["eval/success_rate"]))

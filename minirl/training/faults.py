@@ -37,6 +37,18 @@ def reported_out_of_memory(phase: str, rows: int, longest: int, hint: str) -> It
         ) from err
 
 
+def rollout_memory_hint(phase: str, rows: int, max_total_tokens: int):
+    """`reported_out_of_memory` for a rollout of `rows` trajectories of at most `max_total_tokens` tokens."""
+    hint = "lower rollout.group_size, trainer.prompts_per_step, algo.prompts_per_round or rollout.max_total_tokens"
+    return reported_out_of_memory(phase, rows, max_total_tokens, hint)
+
+
+def update_memory_hint(phase: str, rows: int, longest: int):
+    """`reported_out_of_memory` for an update in micro-batches of `rows` sequences, the longest `longest` tokens."""
+    hint = "lower trainer.micro_batch_size (gradients accumulate to the same update) or rollout.max_total_tokens"
+    return reported_out_of_memory(phase, rows, longest, hint)
+
+
 class BadStepCounter:
     """Steps in a row that skipped an update for a non-finite loss or gradient; `limit` in a row stop the run."""
 

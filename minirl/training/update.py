@@ -118,7 +118,8 @@ class PolicyOptimizer:
             with self.parallel.gradient_sync(i == count - 1):
                 with torch.autocast(self.device.type, torch.bfloat16, enabled=self.trainer_cfg.bf16_autocast):
                     logits = action_logits(self.parallel.trained, micro, self.parallel.shares_prompts)
-                logp = self.sampling.token_logprobs(logits, targets(micro))  # [b, T]
+                tokens = targets(micro)  # [b, T]
+                logp = self.sampling.token_logprobs(logits, tokens)  # [b, T]
                 out = self.loss_fn(
                     logp, micro.old_logp, micro.ref_logp, micro.advantages, micro.mask, self.loss_cfg,
                     is_weights=micro.is_weights,
@@ -127,7 +128,7 @@ class PolicyOptimizer:
                 (loss * share * world.size).backward()  # the ranks' gradients are averaged
             for key, value in out.metrics.items():  # on the device: one transfer for the mini-batch, below
                 sums[key] = sums.get(key, 0.0) + value.detach() * share
-            entropy_sum += weight * self.sampling.entropy(logits.detach(), targets(micro), (micro.mask > 0).float())
+            entropy_sum += weight * self.sampling.entropy(logits.detach(), tokens, (micro.mask > 0).float())
         keys = sorted(sums)
         values = [torch.as_tensor(sums[k], dtype=torch.float32, device=self.device) for k in keys]
         stacked = torch.stack([*values, entropy_sum])
