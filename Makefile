@@ -107,7 +107,8 @@ vllm-env: $(VLLM_VENV)/.installed ## the vLLM CPU venv (VLLM_VENV): torch pinned
 # the files holding the tests marked vllm (a new one goes here), the conformance suite whole: its torch and hf
 # cases run beside its vllm ones, on this venv's transformers
 test-vllm: $(VLLM_VENV)/.installed ## the vLLM engine's tests and the engine conformance suite (all three engines) in the vLLM CPU venv
-	$(TEST_ENV) VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_PYTHON) -m pytest -q tests/test_engine_conformance.py tests/test_vllm_engine.py tests/test_vllm_training.py
+	$(TEST_ENV) VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_PYTHON) -m pytest -q tests/test_engine_conformance.py tests/test_vllm_engine.py tests/test_vllm_training.py \
+		tests/test_async_rollout.py
 
 clean: ## remove run outputs
 	rm -rf outputs multirun

@@ -7,6 +7,7 @@
 #   2b. the same run with LoRA adapters (rank 16; vLLM gets them merged into its weights), on vLLM where installed;
 #   2c. the torch-engine run on 2 processes with torchrun, trainer.strategy=ddp and fsdp2 (NCCL, one GPU each;
 #      skipped, saying so, with fewer than 2 GPUs; gloo in the CPU mode);
+#   2d. one step off (experiment=async): the next rollout, on vLLM where installed, while the step updates;
 #   3. each run's rollout throughput (sampled tokens per second of rollout) and step time.
 #
 #   bash experiments/gpu_check.sh [OUT_DIR]      # in an environment with minirl installed, .[vllm] for vLLM
@@ -92,9 +93,20 @@ else
     echo "   skipped: $GPUS GPU(s) here, 2 needed"
 fi
 
+echo "== 2d. one step off: the next step's rollout on a worker thread while this step updates"
+async_engine=$([ "$HAVE_VLLM" = 1 ] && echo vllm || echo torch)
+t=$SECONDS
+# shellcheck disable=SC2086
+$PY -m minirl.train experiment=async rollout.engine=$async_engine trainer.device=$DEVICE trainer.steps=$STEPS \
+    trainer.eval_every=$STEPS rollout.gpu_memory_utilization=0.3 logger=none $MODEL model.cache_dir="$OUT/cache" \
+    hydra.run.dir="$OUT/run_async" > "$OUT/run_async.log" 2>&1
+rc=$?
+[ $rc = 0 ] || status=1
+echo "   async ($async_engine): exit $rc after $((SECONDS - t)) s (log $OUT/run_async.log; compare its step s with $async_engine's)"
+
 echo "== 3. throughput"
 # shellcheck disable=SC2086
-$PY - "$OUT" $engines lora $parallel <<'EOF'
+$PY - "$OUT" $engines lora $parallel async <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])

@@ -422,9 +422,13 @@ class AlgoConfig:
     overlong: Overlong = Overlong.off
     overlong_buffer: int = 16
     overlong_penalty: float = 1.0
+    # trainer.async_rollout: trajectories sampled more than this many policy versions before the weights that
+    # train on them are dropped (minirl/training/pipeline.py); one step off samples at a staleness of exactly 1
+    max_staleness: int = 1
 
     def __post_init__(self) -> None:
         _check(self.adv_eps >= 0, "algo.adv_eps", "must be >= 0")
+        _check(self.max_staleness >= 0, "algo.max_staleness", f"must be >= 0, got {self.max_staleness}")
         _check(self.kl_coef >= 0, "algo.kl_coef", f"must be >= 0, got {self.kl_coef}")
         _check(
             self.rollout_is is RolloutIS.off or self.old_logprobs is OldLogprobs.recompute,
@@ -501,6 +505,9 @@ class TrainerConfig:
     eval_every: int = 10  # held-out evaluation every N steps (and at step 0 and the end)
     eval_temperature: float = 0.0  # 0 = greedy
     save_final: bool = True
+    # one step off (minirl/training/pipeline.py): the rollout of step t+1 runs on a worker thread, from the weights
+    # before step t's update, while step t trains; needs algo.old_logprobs=recompute (experiment=async sets it)
+    async_rollout: bool = False
     # checkpoints (minirl/training/checkpoint.py): every save_every steps (0 = never) into <run dir>/checkpoints,
     # keeping the newest keep_last; resume: never | auto (continue from the run directory's newest one)
     save_every: int = 0
@@ -649,6 +656,33 @@ class Config:
             self.algo.overlong is not Overlong.penalty or self.algo.overlong_buffer < self.rollout.max_new_tokens,
             "algo.overlong_buffer",
             f"must be < rollout.max_new_tokens ({self.rollout.max_new_tokens}), or every trajectory is penalised",
+        )
+        if self.trainer.async_rollout:
+            self._check_async()
+
+    def _check_async(self) -> None:
+        """What one step off needs of the other sections (minirl/training/pipeline.py)."""
+        _check(
+            self.algo.old_logprobs is OldLogprobs.recompute,
+            "trainer.async_rollout",
+            "a step-old sampler's log-probs are not pi_old: set algo.old_logprobs=recompute (and algo.rollout_is "
+            "to correct the gap), or use experiment=async, which sets both",
+        )
+        _check(
+            self.algo.max_staleness >= 1,
+            "algo.max_staleness",
+            "must be >= 1 under trainer.async_rollout: one step off trains on trajectories one version old",
+        )
+        _check(
+            self.trainer.strategy == "none",
+            "trainer.async_rollout",
+            f"runs in one process; trainer.strategy={self.trainer.strategy} is not supported with it yet",
+        )
+        _check(
+            self.model.lora.dropout == 0,
+            "trainer.async_rollout",
+            "the rollout draws from the global torch RNG on its worker thread while the update runs, and "
+            "model.lora.dropout > 0 would draw from it too, so a seeded run would not repeat: set model.lora.dropout=0",
         )
 
 

@@ -74,6 +74,7 @@ from minirl.training.checkpoint import (
 from minirl.training.faults import BadStepCounter, rollout_memory_hint, update_memory_hint
 from minirl.training.groups import TaskQueue, collect_groups, gathered
 from minirl.training.heldout import heldout_comparison
+from minirl.training.pipeline import Rollout, RolloutAhead, fresh, timed
 from minirl.training.shaping import guided, kl_shaped, replayed, score
 from minirl.training.update import PolicyOptimizer, prepare_batch
 from minirl.validate import validate
@@ -124,15 +125,30 @@ class Trainer:
         self.limits = AgentLimits.from_config(r)
         self.shuffle_rng = torch.Generator().manual_seed(cfg.trainer.seed)  # mini-batch order; not the global RNG
         self.step = 0  # the last completed step
+        # one step off: the engine samples from its own copy of the weights, on a worker thread (training/pipeline.py)
+        self.ahead = RolloutAhead() if cfg.trainer.async_rollout else None
+        if self.ahead is not None:
+            self.engine.detach()
+        self.pending: Rollout | None = None  # the next step's rollout, sampled during this step's update
         self.bad_steps = BadStepCounter(cfg.trainer.max_bad_steps)
         if self.world.rank:  # rank 0 draws on from the seed as one process does, the others from streams of their own
             seed_everything(rank_seed(cfg.trainer.seed, self.world.rank), cfg.trainer.deterministic)
 
     def fit(self) -> TrainResult:
-        cfg, console, main = self.cfg, self.console, self.world.is_main
         result = TrainResult(run_dir=self.run_dir)
         started = time.perf_counter()
-        state = self.resume() if cfg.trainer.resume is Resume.auto else None
+        state = self.resume() if self.cfg.trainer.resume is Resume.auto else None
+        try:
+            self.run(state, result)
+        finally:
+            if self.ahead is not None:
+                self.ahead.close()
+        result.wall_s = time.perf_counter() - started
+        return result
+
+    def run(self, state: dict[str, Any] | None, result: TrainResult) -> None:
+        """The steps after the last completed one (self.step), into `result`; `state`: the resumed checkpoint's."""
+        cfg, console, main = self.cfg, self.console, self.world.is_main
         with self.tracker(state) as tracker:  # closed, a failed run marked failed, however the run ends
             fit = template_fit(self.tokenizer)
             console.print(lines.construction_line(fit.construction.value, fit.tool_rounds), highlight=False)
@@ -167,8 +183,6 @@ class Trainer:
                 final = self.run_dir / "checkpoint"
                 save_policy(self.policy, self.tokenizer, final, merged=True)  # loads anywhere, LoRA or not
                 console.print(f"saved the final policy to {final}")
-        result.wall_s = time.perf_counter() - started
-        return result
 
     def tracker(self, state: dict[str, Any] | None) -> Tracker:
         """Where this rank's metrics go: on rank 0 the run's files and backend, continuing a resumed run's
@@ -180,32 +194,54 @@ class Trainer:
 
     def train_step(self) -> tuple[dict[str, float], list[Trajectory]]:
         """One step, one line per stage. Returns its metrics and the trajectories learned from; a step whose
-        groups all tied makes no update. Running out of memory raises TrainingError with the sizes that
-        caused it."""
+        groups all tied makes no update. Under trainer.async_rollout the next step's rollout runs while this
+        one updates (minirl/training/pipeline.py). Running out of memory raises TrainingError with the sizes
+        that caused it."""
         cfg, t0 = self.cfg, time.perf_counter()
-        with rollout_memory_hint(
-            "rollout", self.prompts_per_round * cfg.rollout.group_size, cfg.rollout.max_total_tokens
-        ):
-            sampled, trajs = self.sample_groups()  # rollout -> reward (-> guidance, dynamic sampling), in rounds
+        # rollout -> reward (-> guidance, dynamic sampling), in rounds; one step off: sampled during the last update
+        rollout, self.pending = self.pending or self.sampled_rollout(self.step - 1), None
+        trajs, staleness = fresh(rollout.trajs, self.step - 1, cfg.algo.max_staleness)
         t1 = time.perf_counter()
         update: dict[str, float] = {}
-        if trajs:
-            every = cfg.rollout.sync_check_every
-            probe = sync_check.probe(self.policy, trajs, self.device) if every and self.step % every == 0 else None
+        every = cfg.rollout.sync_check_every
+        checked = trajs and every and self.step % every == 0
+        probe = sync_check.probe(self.policy, trajs, self.device) if checked else None
+        ahead = self.ahead is not None and self.step < cfg.trainer.steps
+        if ahead:  # the next step's rollout, from the weights before this update
+            self.ahead.start(lambda version=self.step - 1: self.sampled_rollout(version))
+        elif trajs:
             self.engine.free_memory()  # vLLM on CUDA sleeps until the sync
+        if trajs:
             longest = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
             with update_memory_hint("the policy update", min(cfg.trainer.micro_batch_size, len(trajs)), longest):
                 batch, shaping = self.advantages(trajs)  # advantage, of the rewards minus any KL in the reward
                 update = {**shaping, **self.update(batch, trajs)}  # loss + optimizer steps
+        waited = 0.0
+        if ahead:
+            self.pending, waited = self.ahead.wait()
+        if trajs:
             self.engine.sync_weights(self.policy)  # weight sync: the next rollout samples from the new weights
             if probe is not None:  # the sync check: did the engine move with the trainer?
                 update.update(self.checked_sync(probe))
         t2 = time.perf_counter()
+        sampled = rollout.sampled
         metrics = {
             **rollout_metrics(sampled, self.solved), **group_metrics(sampled, trajs, cfg.rollout.group_size), **update,
-            "time/rollout_s": t1 - t0, "time/update_s": t2 - t1, "time/step_s": t2 - t0, **self.reward_model.metrics(),
+            "time/rollout_s": rollout.seconds, "time/update_s": t2 - t1 - waited, "time/step_s": t2 - t0,
+            **rollout.reward_model,
         }  # fmt: skip
+        if self.ahead is not None:  # how long the trainer waited for rollouts: all of step 1's, then what outlasted
+            metrics |= {**staleness, "time/rollout_wait_s": t1 - t0 + waited}  # the update
         return metrics, trajs
+
+    def sampled_rollout(self, version: int) -> Rollout:
+        """A step's rollout (sample_groups) by the weights of policy version `version`, timed."""
+        with rollout_memory_hint(
+            "rollout", self.prompts_per_round * self.cfg.rollout.group_size, self.cfg.rollout.max_total_tokens
+        ):
+            rollout = timed(self.sample_groups, version)
+        rollout.reward_model = self.reward_model.metrics()
+        return rollout
 
     def checked_sync(self, probe: sync_check.SyncProbe) -> dict[str, float]:
         """The sync check's metrics for the probe taken before this step's update; warns when the engine did not
@@ -266,7 +302,6 @@ class Trainer:
         """`group_size` trajectories per task; a training one draws which render with thinking on (thinking_ratio)."""
         r = self.cfg.rollout
         thinking = draw_thinking(r.thinking_ratio, r.thinking_unit, len(tasks), group_size) if train else None
-        self.policy.eval()  # no dropout while sampling
         sampling, protocol = SamplingParams.from_config(r, temperature), self.cfg.protocol
         return run_agent(
             self.engine, self.tokenizer, self.executor, tasks, group_size, self.limits, sampling, protocol, thinking,
@@ -296,7 +331,8 @@ class Trainer:
         self.console.print(trajectory_panel(trajectory_record(sample, step, 0.0, self.tokenizer, self.solved)))
 
     def state_dict(self) -> dict[str, Any]:
-        """What an exact resume needs besides the weights: step, optimizer, schedule, RNG states, data position."""
+        """What an exact resume needs besides the weights: step, optimizer, schedule, RNG states, data position,
+        and one step off the rollout sampled for the next step."""
         return {
             "step": self.step,
             "bad_steps": self.bad_steps.in_a_row,
@@ -305,6 +341,7 @@ class Trainer:
             "rng": self.world.gather(rng_state()),  # every rank's streams, in rank order
             **self.tasks.state_dict(),
             "shuffle_rng": self.shuffle_rng.get_state(),
+            "pending_rollout": self.pending,  # one step off: sampled by this step's predecessor, not trained yet
         }
 
     def resume(self) -> dict[str, Any] | None:
@@ -323,6 +360,7 @@ class Trainer:
         self.shuffle_rng.set_state(state["shuffle_rng"])
         restore_rng_state(rank_rng_state(state["rng"], self.world.rank, self.world.size))
         self.step, self.bad_steps.in_a_row = state["step"], state["bad_steps"]
+        self.pending = state.get("pending_rollout")  # absent from older checkpoints
         self.console.print(f"resuming from {checkpoint} (step {self.step})")
         return state
 

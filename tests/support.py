@@ -1,16 +1,19 @@
 """What tests share besides fixtures (those are in conftest.py): the conversations and the tool schema the
 fixture models memorise, the config builders, the server launcher, and hand-written fakes small enough to
-read: a causal LM with a KV cache, a scripted rollout engine and a scripted server decoder.
+read: a causal LM with a KV cache, a scripted rollout engine and a scripted server decoder; the calculator tool
+with calls held back (Staggered).
 
 Import from here (`from support import CONVERSATION, debug_config`); pyproject.toml puts tests/ on the path.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +23,9 @@ import torch
 from minirl.rollout.engine import Completion
 from minirl.serving.decoder import RowResult, StopReason
 from minirl.serving.launch import ServerProcess, launch_server
+from minirl.tools import TOOLS
+
+CalculateMath = TOOLS.get("calculate_math")
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO.parent / "shared" / "fixtures" / "chat_templates"
@@ -258,6 +264,24 @@ class ScriptedEngine:
 
     def sync_weights(self, model) -> None:
         pass
+
+
+class Staggered(CalculateMath):
+    """calculate_math, whose calls sleep: the i-th call `delay(i)` seconds, so that the calls of different
+    trajectories end at different times. It records when each call ran."""
+
+    def __init__(self, delay) -> None:
+        self.delay, self.count, self.lock, self.windows = delay, itertools.count(), threading.Lock(), []
+
+    def run(self, arguments: dict) -> dict:
+        with self.lock:
+            index = next(self.count)
+        started = time.perf_counter()
+        time.sleep(self.delay(index))
+        result = super().run(arguments)
+        with self.lock:
+            self.windows.append((started, time.perf_counter()))
+        return result
 
 
 WAIT_S = 120.0  # a bound on waiting for a server's or a fake's state, never an expectation of speed

@@ -175,6 +175,25 @@ def test_out_of_range_values_name_the_key(override, message):
 
 @pytest.mark.fast
 @pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["trainer.async_rollout=true"],
+            "a step-old sampler's log-probs are not pi_old: set algo.old_logprobs=recompute",
+        ),
+        (["experiment=async", "algo.max_staleness=0"], "algo.max_staleness: must be >= 1 under trainer.async_rollout"),
+        (["experiment=async", "trainer.strategy=ddp"], "trainer.strategy=ddp is not supported with it yet"),
+        (["experiment=async", "model.lora.r=8", "model.lora.dropout=0.1"], "set model.lora.dropout=0"),
+    ],
+)
+def test_one_step_off_refuses_what_it_cannot_do_with_a_reason(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        compose_cfg(*overrides)
+    assert compose_cfg("experiment=async").trainer.async_rollout
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
     "override",
     [
         "rollout.max_turnz=3",

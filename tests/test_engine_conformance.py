@@ -13,11 +13,12 @@ from __future__ import annotations
 import copy
 import gc
 import importlib.util
+import random
 import time
 
 import pytest
 import torch
-from support import CALC_TOOL, GREETING, memorising_model
+from support import CALC_TOOL, GREETING, Staggered, memorising_model
 
 from minirl.config import ProtocolConfig, RolloutConfig
 from minirl.data.task import Task
@@ -270,3 +271,48 @@ def test_seeds_reproduce_and_a_groups_samples_differ(policy, engine):
     torch.manual_seed(0)
     assert [c.token_ids for c in engine.generate(group, SamplingParams(24, 1.0))] == [c.token_ids for c in unseeded]
     assert len({tuple(c.token_ids) for c in unseeded}) > len(group) // 2
+
+
+def trajectory_view(trajs) -> list[tuple]:
+    return [(t.response_ids, t.action_mask, t.finish_reason, [r.content for u in t.turns for r in u.tool_results])
+            for t in trajs]  # fmt: skip
+
+
+def unbarriered(engine, tokenizer, tool, sampling: SamplingParams, barrier: bool, seed: int = 0):
+    """Four trajectories of the three-turn task and four of the greeting, calls run by `tool` four at a time."""
+    tasks = [Task("three", QUESTION, [CALC_TOOL], ["20"]), Task("greeting", GREETING[:2], [], [])]
+    limits = AgentLimits(max_turns=3, max_new_tokens=64, max_total_tokens=1024, max_tool_calls=4)
+    calls = ToolExecutor({"calculate_math": tool}, timeout_s=5.0, max_output_chars=256, max_concurrent=4)
+    torch.manual_seed(seed)
+    return run_agent(engine, tokenizer, calls, tasks, 4, limits, sampling, PROTOCOL, barrier=barrier)
+
+
+def test_without_a_barrier_greedy_trajectories_are_the_barriers(policy, engine):
+    """rollout.barrier=false (the torch engine's decoding loop, vLLM's own scheduler; hf keeps the barrier): a
+    trajectory's next turn joins the batch as soon as its calls are back, and every token, mask, end and tool
+    result is what the round-barrier schedule gives."""
+    _, tokenizer, _ = policy
+    greedy = SamplingParams(64, temperature=0.0)
+    barrier = unbarriered(engine, tokenizer, Staggered(lambda i: 0.03 * (i % 3)), greedy, barrier=True)
+    without = unbarriered(engine, tokenizer, Staggered(lambda i: 0.03 * (i % 3)), greedy, barrier=False)
+    assert trajectory_view(without) == trajectory_view(barrier)
+    assert sum(len(u.tool_results) for t in without for u in t.turns) == 8  # four trajectories of two calls
+    gaps = [abs(x - y) for a, b in zip(without, barrier) for x, y in zip(a.sampler_logprobs, b.sampler_logprobs)]
+    assert max(gaps) < LOGPROB_BOUND[engine.name]
+
+
+def test_without_a_barrier_samples_repeat_whatever_the_tool_wall_clock(policy, engine):
+    """Sampled without a barrier, each trajectory draws from its own generator (vLLM: its requests' seeds from
+    it), so two rollouts whose calls take random, different times sample the same tokens; the sampler log-probs
+    are the trainer's."""
+    model, tokenizer, _ = policy
+    sampling = SamplingParams(64, temperature=1.0)
+    wall_clock = random.Random()  # unseeded on purpose: the two runs' timings differ
+    first = unbarriered(engine, tokenizer, Staggered(lambda i: wall_clock.uniform(0, 0.05)), sampling, False)
+    second = unbarriered(engine, tokenizer, Staggered(lambda i: wall_clock.uniform(0, 0.05)), sampling, False)
+    assert trajectory_view(first) == trajectory_view(second)
+    assert len({tuple(t.response_ids) for t in first}) > 2
+    batch = collate(first, torch.zeros(len(first)), tokenizer.pad_token_id)
+    with torch.no_grad():
+        gap = ((token_logprobs(model, batch, SamplingParams(1, 1.0)) - batch.old_logp).abs() * batch.mask).max()
+    assert batch.mask.sum() > 0 and gap.item() < LOGPROB_BOUND[engine.name]

@@ -5,14 +5,12 @@ its own generator), and keeps its sampler log-probs equal to the trainer's."""
 
 from __future__ import annotations
 
-import itertools
 import random
-import threading
 import time
 
 import pytest
 import torch
-from support import CALC_TOOL, CONVERSATION, GREETING
+from support import CALC_TOOL, CONVERSATION, GREETING, Staggered
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirl.config import ProtocolConfig
@@ -20,7 +18,7 @@ from minirl.data.task import Task
 from minirl.inference.loop import DecodeLoop
 from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import ENGINES, SamplingParams
-from minirl.tools import TOOLS, ToolExecutor
+from minirl.tools import ToolExecutor
 from minirl.training.batch import collate, token_logprobs
 
 LIMITS = AgentLimits(max_turns=3, max_new_tokens=64, max_total_tokens=1024, max_tool_calls=8)
@@ -28,24 +26,6 @@ TASKS = [
     Task("calc", CONVERSATION[:2], [CALC_TOOL], ["9472", "42"]),
     Task("hello", GREETING[:2], [], []),
 ]
-
-
-class Staggered(TOOLS.get("calculate_math")):
-    """calculate_math, whose calls sleep: the i-th call `delay(i)` seconds, so that the calls of different
-    trajectories end at different times. It records when each call ran."""
-
-    def __init__(self, delay) -> None:
-        self.delay, self.count, self.lock, self.windows = delay, itertools.count(), threading.Lock(), []
-
-    def run(self, arguments: dict) -> dict:
-        with self.lock:
-            index = next(self.count)
-        started = time.perf_counter()
-        time.sleep(self.delay(index))
-        result = super().run(arguments)
-        with self.lock:
-            self.windows.append((started, time.perf_counter()))
-        return result
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +88,7 @@ def test_rows_decode_while_other_trajectories_calls_run_only_without_a_barrier(p
         return original(self)
 
     monkeypatch.setattr(DecodeLoop, "step", timed_step)
-    tool = Staggered(lambda i: 0.1 * i)  # the later calls run long after the first ones came back
+    tool = Staggered(lambda i: 0.25 * i)  # the later calls run long after the first ones came back
     trajs = rollout(policy, tool, SamplingParams(64, temperature=0.0), barrier=barrier)
     assert all(t.turns[-1].parsed.kind.name == "ANSWER" for t in trajs)
     during = sum(any(start < s < end for start, end in tool.windows) for s in steps)

@@ -50,9 +50,12 @@ def run_to_end(command: list[str]) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
-def test_sigkill_then_resume_loses_and_repeats_no_step_and_matches_an_uninterrupted_run(cache_dir, tmp_path):
+# one step off, a checkpoint also holds the next step's rollout, sampled but not trained (training/pipeline.py); the
+# shaped reward moves the weights, so that a rollout from the wrong weights would show
+@pytest.mark.parametrize("schedule", [[], ["experiment=async", SHAPED_REWARD]], ids=["synchronous", "one_step_off"])
+def test_sigkill_then_resume_loses_and_repeats_no_step_and_matches_an_uninterrupted_run(cache_dir, tmp_path, schedule):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    run_to_end(train_command(cache_dir, whole))  # also builds the debug model into the cache
+    run_to_end(train_command(cache_dir, whole, *schedule))  # also builds the debug model into the cache
     reference = read_rows(whole)
 
     rng = random.Random()
@@ -62,7 +65,11 @@ def test_sigkill_then_resume_loses_and_repeats_no_step_and_matches_an_uninterrup
     delay = rng.uniform(0.0, max(row["time/step_s"] for row in reference if "time/step_s" in row))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        train_command(cache_dir, killed), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        train_command(cache_dir, killed, *schedule),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     metrics = killed / "metrics.jsonl"
     while proc.poll() is None:
@@ -76,7 +83,7 @@ def test_sigkill_then_resume_loses_and_repeats_no_step_and_matches_an_uninterrup
     when = f"killed after {kill_after} steps + {delay:.2f}s"
     assert proc.returncode == -signal.SIGKILL, f"the run ended before it was {when}"
 
-    run_to_end(train_command(cache_dir, killed, "trainer.resume=auto"))
+    run_to_end(train_command(cache_dir, killed, *schedule, "trainer.resume=auto"))
     resumed = read_rows(killed)
     train_steps = [r["step"] for r in resumed if "reward/mean" in r and "eval/success_rate" not in r]
     assert train_steps == list(range(1, STEPS + 1)), when
@@ -85,6 +92,8 @@ def test_sigkill_then_resume_loses_and_repeats_no_step_and_matches_an_uninterrup
         r["step"] for r in read_trajectories(whole / TRAJECTORIES_FILE)
     ]
     assert [p.name for p in checkpoints(killed)] == ["step_000005", "step_000006"]  # keep_last=2
+    pending = load_trainer_state(checkpoints(whole)[0])["pending_rollout"]  # step 5's holds step 6's rollout
+    assert {t.policy_version for t in pending.sampled} == {4} if schedule else pending is None
 
 
 def test_checkpoint_holds_the_policy_and_the_state_of_an_exact_resume(cache_dir, tmp_path):

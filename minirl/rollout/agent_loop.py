@@ -1,20 +1,19 @@
 """The multi-turn agent loop: generate, parse, run tools, append observations, repeat.
 
-Each trajectory goes on until it answers, produces an invalid turn, or runs out of turns or tokens, in one
-of two schedules. With a round barrier (`barrier=True`, rollout.barrier, and every engine without a
-`session`), all live trajectories advance together, one assistant turn per engine call, and the calls of
-all of them after a turn run together, tools.max_concurrent_calls at once. Without one (the torch engine's
-`session`), a trajectory whose turn ends starts its calls at once, on the executor's pool, while the other
-rows keep decoding, and its next turn joins the running batch at the next decoding step once its
-observations are in (continuous batching across turns); each trajectory then draws from a torch.Generator
-of its own, seeded from the global RNG, so that what it samples does not depend on when tool wall-clock
-let it join, up to the rounding of batched matrix products. The next prompt is
-built token-in / token-out (`minirl.protocol.chat`), so every sampled token stays exactly as
-sampled and keeps its sampler log-prob. Every call gets an id (`call_<turn>_<i>`) that its tool
-message carries as `tool_call_id`, next to the tool's `name`; each tool result enters the context
-cut to `protocol.max_tool_output_tokens` tokens (`protocol.observation_cut` says which ones stay), and further
-when the next prompt would leave fewer than `protocol.min_sample_room` tokens of the budget to sample.
-"""
+Each trajectory goes on until it answers, produces an invalid turn, or runs out of turns or tokens, in one of
+two schedules. With a round barrier (`barrier=True`, rollout.barrier, and every engine without a `session`),
+all live trajectories advance together, one assistant turn per engine call, and the calls of all of them after
+a turn run together, tools.max_concurrent_calls at once. Without one (an engine's `session`: the torch
+engine's decoding loop, vLLM's own scheduler), a trajectory whose turn ends starts its calls at once, on the
+executor's pool, while the other rows keep decoding, and its next turn joins the running batch at the next
+decoding step once its observations are in (continuous batching across turns); each trajectory then draws from
+a torch.Generator of its own, seeded from the global RNG, so that what it samples does not depend on when tool
+wall-clock let it join, up to the rounding of batched matrix products. The next prompt is built token-in /
+token-out (`minirl.protocol.chat`), so every sampled token stays exactly as sampled and keeps its sampler
+log-prob. Every call gets an id (`call_<turn>_<i>`) that its tool message carries as `tool_call_id`, next to the
+tool's `name`; each tool result enters the context cut to `protocol.max_tool_output_tokens` tokens
+(`protocol.observation_cut` says which ones stay), and further when the next prompt would leave fewer than
+`protocol.min_sample_room` tokens of the budget to sample."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -36,6 +37,10 @@ class Engine(Protocol):
     def sync_weights(self, model) -> None:
         """Make the next generate() sample from `model`'s current weights."""
 
+    def detach(self) -> None:
+        """From now on sample from weights of the engine's own, which only sync_weights changes, so that the
+        trained module can change while a rollout runs (trainer.async_rollout)."""
+
     def free_memory(self) -> None:
         """Called after a rollout, before the update: free what sampling holds that training could use (vLLM on
         CUDA sleeps); the next sync_weights restores it."""
@@ -61,7 +66,8 @@ def sequence_logprobs(model, token_ids: list[int], device: torch.device) -> torc
 
 class ModuleEngine:
     """Base of the engines that sample on the trained module itself (CPU or one GPU): a weight sync has
-    nothing to copy, and the module samples in eval mode, then goes back to the mode it was in. They work
+    nothing to copy (once detached, it copies the weights into the engine's own module), and the module samples
+    in eval mode, then goes back to the mode it was in. They work
     on tokens only: text stop strings (`SamplingParams.stop`) are refused."""
 
     def __init__(self, model, tokenizer, device: torch.device, **_: object) -> None:
@@ -69,9 +75,18 @@ class ModuleEngine:
         self.device = device
         self.end_ids = end_of_turn_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.detached = False  # True: self.model is a copy of the trained module, refreshed by sync_weights
 
     def sync_weights(self, model) -> None:
-        self.model = model
+        if self.detached:
+            self.model.load_state_dict(model.state_dict())
+        else:
+            self.model = model
+
+    def detach(self) -> None:
+        """A copy of the module to sample from (Engine.detach): the trained module's memory once more."""
+        if not self.detached:
+            self.model, self.detached = copy.deepcopy(self.model), True
 
     def free_memory(self) -> None:
         pass  # generate holds nothing past its call

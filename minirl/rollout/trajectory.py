@@ -58,6 +58,7 @@ class Trajectory:
     error: str = ""  # why the policy could not be reached, under TrajectoryEnd.ERROR
     off_policy: bool = False  # the task's reference answer replayed (replay_reference), not sampled
     thinking: bool | None = None  # its render's thinking on/off (rollout.thinking_ratio); None: not drawn
+    policy_version: int = 0  # optimizer updates behind the weights that sampled it (steps trained before its rollout)
 
     @property
     def done(self) -> bool:

