@@ -1,7 +1,9 @@
 """Why `experiment=retool` learns little: the warm start's held-out mix by family and failure kind, and how many
 training groups carry a signal.
 
-    python experiments/retool_diagnosis.py [--size 256] [--groups 64] [NAME=PATH ...]   # default: the warm start
+    python experiments/retool_diagnosis.py [--size 256] [--groups 64] [--set KEY=VALUE ...] [NAME=PATH ...]
+
+(default checkpoint: the preset's warm start, of the tiny model as --set shapes it)
 
 For each checkpoint (NAME=PATH; `tiny`, the preset's warm start, when none is given): `--size` held-out tasks of
 the preset, answered greedily through the training agent loop, each unsolved one put under the first failure
@@ -93,12 +95,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=256, help="held-out tasks")
     parser.add_argument("--groups", type=int, default=64, help="training tasks sampled as groups")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides after the preset")
     parser.add_argument("checkpoints", nargs="*", default=["warm start=tiny"], help="NAME=PATH")
     args = parser.parse_args()
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = to_config(
-            compose("config", overrides=["experiment=retool", "logger=none", f"data.heldout_size={args.size}"])
+            compose(
+                "config", overrides=["experiment=retool", "logger=none", f"data.heldout_size={args.size}", *args.set]
+            )
         )
     data = DATASETS.get(cfg.data.name)(cfg.data)
     solved = SUCCESS_CRITERIA.get(cfg.reward.success)
