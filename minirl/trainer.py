@@ -7,11 +7,12 @@
 The parts of a step are functions with explicit inputs in minirl/training/: which groups a step learns from
 (groups.py), reward shaping (shaping.py), the tensor layout (batch.py), pi_old, the rollout correction and the
 optimizer steps (update.py), the check that the sampler moved with the trainer every rollout.sync_check_every
-steps (sync_check.py). A step whose loss or gradient is not finite skips its update (trainer.max_bad_steps in a
-row stop the run); `trainer.resume=auto` continues from the run directory's newest checkpoint
-(minirl/training/checkpoint.py) with the same optimizer, schedule, RNG and data position, as if never stopped.
-Under `torchrun` every rank runs this loop on the step's whole batch (minirl/distributed/); rank 0 alone logs,
-evaluates and writes checkpoints.
+steps (sync_check.py), and one step off (trainer.async_rollout, pipeline.py): the next step's rollout runs on a
+worker thread during this step's update. A step whose loss or gradient is not finite skips its update
+(trainer.max_bad_steps in a row stop the run); `trainer.resume=auto` continues from the run directory's newest
+checkpoint (minirl/training/checkpoint.py) with the same optimizer, schedule, RNG and data position, as if never
+stopped. Under `torchrun` every rank runs this loop on the step's whole batch (minirl/distributed/); rank 0 alone
+logs, evaluates and writes checkpoints.
 
 Example (what `python -m minirl.train` runs after composing the config):
 
