@@ -25,7 +25,7 @@ Example (what `python -m minirl.train` runs after composing the config):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +42,10 @@ from minirl.distributed.world import World
 from minirl.inference.sampling import SamplingParams
 from minirl.inspection import (
     TRAJECTORIES_FILE,
-    trajectory_panel,
-    trajectory_record,
     trajectory_table,
     write_trajectories,
 )
-from minirl.metrics import advantage_metrics, group_metrics, rollout_metrics
+from minirl.metrics import group_metrics, rollout_metrics
 from minirl.models.loading import load_policy, load_reference, load_tokenizer
 from minirl.protocol.chat import template_fit, thinking_views
 from minirl.rewards import SUCCESS_CRITERIA, score_all
@@ -61,7 +59,7 @@ from minirl.tools.base import check_offered_tools
 from minirl.tracking import MutedTracker, Tracker
 from minirl.training import console as lines
 from minirl.training import reward_model, sync_check
-from minirl.training.batch import PolicyBatch, collate, mini_batch_plan
+from minirl.training.batch import PolicyBatch, mini_batch_plan
 from minirl.training.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
@@ -74,19 +72,11 @@ from minirl.training.checkpoint import (
 )
 from minirl.training.faults import BadStepCounter, rollout_memory_hint, update_memory_hint
 from minirl.training.groups import TaskQueue, collect_groups, gathered
-from minirl.training.heldout import heldout_comparison
+from minirl.training.heldout import TrainResult, log_heldout
 from minirl.training.pipeline import Rollout, RolloutAhead, fresh, timed
-from minirl.training.shaping import guided, kl_shaped, replayed, score
-from minirl.training.update import PolicyOptimizer, prepare_batch
+from minirl.training.shaping import guided, replayed, score
+from minirl.training.update import PolicyOptimizer, advantage_batch, prepare_batch
 from minirl.validate import validate
-
-
-@dataclass
-class TrainResult:
-    eval_history: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out success rate)
-    solved_at_start: list[bool] = field(default_factory=list)  # per held-out task, at the step-0 evaluation
-    run_dir: Path = Path(".")
-    wall_s: float = 0.0
 
 
 class Trainer:
@@ -209,7 +199,7 @@ class Trainer:
         probe = sync_check.probe(self.policy, trajs, self.device) if checked else None
         ahead = self.ahead is not None and self.step < cfg.trainer.steps
         if ahead:  # the next step's rollout, from the weights before this update
-            self.ahead.start(lambda version=self.step - 1: self.sampled_rollout(version))
+            self.ahead.start(partial(self.sampled_rollout, self.step - 1))
         elif trajs:
             self.engine.free_memory()  # vLLM on CUDA sleeps until the sync
         if trajs:
@@ -266,18 +256,9 @@ class Trainer:
         )
 
     def advantages(self, trajs: list[Trajectory]) -> tuple[PolicyBatch, dict[str, float]]:
-        """The trajectories as a batch with the reference's log-probs and each row's advantage (also set on the
-        trajectory), and the metrics of the advantages and of the KL in the reward."""
-        cfg = self.cfg
-        batch = collate(trajs, torch.zeros(len(trajs)), self.tokenizer.pad_token_id)  # advantages set below
-        if self.reference is not None:  # once per step, before advantages: a KL in the reward needs them
-            with torch.no_grad():
-                batch.ref_logp = self.learner.logprobs(self.reference, batch, [torch.arange(len(trajs))])
-        rewards, kl_metrics = kl_shaped(trajs, batch, cfg.algo)
-        batch.advantages = self.adv_fn(rewards, cfg.rollout.group_size, cfg.algo.adv_eps)  # [N]
-        for traj, advantage in zip(trajs, batch.advantages.tolist()):
-            traj.advantage = advantage
-        return batch, {**advantage_metrics(batch.advantages), **kl_metrics}
+        """The trajectories as a batch with the reference's log-probs and advantages (training/update.py)."""
+        pad, algo = self.tokenizer.pad_token_id, self.cfg.algo
+        return advantage_batch(trajs, pad, self.learner, self.reference, self.adv_fn, algo, self.cfg.rollout.group_size)
 
     def update(self, batch: PolicyBatch, trajs: list[Trajectory]) -> dict[str, float]:
         """ppo_epochs x mini_batches optimizer steps after the loss mask, pi_old and the rollout correction."""
@@ -321,15 +302,9 @@ class Trainer:
             return
         trajs = self.rollout(self.heldout, 1, self.cfg.trainer.eval_temperature)
         score_all(trajs, self.cfg.reward)  # the reward terms alone: no penalty shapes what held-out tasks score
-        metrics, solved, change = heldout_comparison(trajs, self.solved, result.solved_at_start if step else [])
-        if step == 0:
-            result.solved_at_start = solved
-        tracker.log(step, metrics)
-        tracker.log_heldout(step, [task.id for task in self.heldout], solved)  # pairs runs task by task (the report)
-        result.eval_history.append((step, metrics["eval/success_rate"]))
-        self.console.print(lines.eval_line(step, metrics, len(self.heldout), change))
-        sample = trajs[step // max(1, self.cfg.trainer.eval_every) % len(trajs)]  # a different task each time
-        self.console.print(trajectory_panel(trajectory_record(sample, step, 0.0, self.tokenizer, self.solved)))
+        log_heldout(
+            step, trajs, self.solved, result, tracker, self.console, self.tokenizer, self.cfg.trainer.eval_every
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """What an exact resume needs besides the weights: step, optimizer, schedule, RNG states, data position,

@@ -284,6 +284,12 @@ class Staggered(CalculateMath):
         return result
 
 
+def trajectory_view(trajs) -> list[tuple]:
+    """What two rollouts must share token for token: tokens, masks, how each ended, what its tools answered."""
+    return [(t.response_ids, t.action_mask, t.finish_reason, [r.content for u in t.turns for r in u.tool_results])
+            for t in trajs]  # fmt: skip
+
+
 WAIT_S = 120.0  # a bound on waiting for a server's or a fake's state, never an expectation of speed
 
 

@@ -18,7 +18,7 @@ import time
 
 import pytest
 import torch
-from support import CALC_TOOL, GREETING, Staggered, memorising_model
+from support import CALC_TOOL, GREETING, Staggered, memorising_model, trajectory_view
 
 from minirl.config import ProtocolConfig, RolloutConfig
 from minirl.data.task import Task
@@ -271,11 +271,6 @@ def test_seeds_reproduce_and_a_groups_samples_differ(policy, engine):
     torch.manual_seed(0)
     assert [c.token_ids for c in engine.generate(group, SamplingParams(24, 1.0))] == [c.token_ids for c in unseeded]
     assert len({tuple(c.token_ids) for c in unseeded}) > len(group) // 2
-
-
-def trajectory_view(trajs) -> list[tuple]:
-    return [(t.response_ids, t.action_mask, t.finish_reason, [r.content for u in t.turns for r in u.tool_results])
-            for t in trajs]  # fmt: skip
 
 
 def unbarriered(engine, tokenizer, tool, sampling: SamplingParams, barrier: bool, seed: int = 0):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from support import CALC_TOOL, CONVERSATION, GREETING, Staggered
+from support import CALC_TOOL, CONVERSATION, GREETING, Staggered, trajectory_view
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minirl.config import ProtocolConfig
@@ -43,17 +43,12 @@ def rollout(policy, tool, sampling, barrier, group_size=4, seed=0):
     )
 
 
-def token_view(trajs):
-    return [(t.response_ids, t.action_mask, t.finish_reason, [r.content for u in t.turns for r in u.tool_results])
-            for t in trajs]  # fmt: skip
-
-
 def test_greedy_trajectories_are_the_barriers_token_for_token(policy):
     greedy = SamplingParams(64, temperature=0.0)
     staggered = Staggered(lambda i: 0.02 * (i % 5))
     with_barrier = rollout(policy, staggered, greedy, barrier=True)
     without = rollout(policy, Staggered(lambda i: 0.02 * (i % 5)), greedy, barrier=False)
-    assert token_view(without) == token_view(with_barrier)
+    assert trajectory_view(without) == trajectory_view(with_barrier)
     assert sum(len(u.tool_results) for t in without for u in t.turns) == 8  # four trajectories of two calls
     for a, b in zip(without, with_barrier):
         assert max((abs(x - y) for x, y in zip(a.sampler_logprobs, b.sampler_logprobs)), default=0.0) < 1e-5
@@ -68,7 +63,7 @@ def test_sampled_trajectories_repeat_whatever_the_tool_wall_clock(policy):
     wall_clock = random.Random()  # unseeded on purpose: the two runs' timings differ
     first = rollout(policy, Staggered(lambda i: wall_clock.uniform(0, 0.05)), sampling, barrier=False, group_size=6)
     second = rollout(policy, Staggered(lambda i: wall_clock.uniform(0, 0.05)), sampling, barrier=False, group_size=6)
-    assert token_view(first) == token_view(second)
+    assert trajectory_view(first) == trajectory_view(second)
     assert len({tuple(t.response_ids) for t in first}) > 2  # the samples differ from one another
     assert any(u.tool_results for t in first for u in t.turns)
     batch = collate(first, torch.zeros(len(first)), tokenizer.pad_token_id)

@@ -264,7 +264,7 @@ class VLLMSession:
             if out.request_id not in self._seen:
                 continue
             sample = out.outputs[0]
-            tokens, seen = list(sample.token_ids), self._seen[out.request_id]
+            tokens, seen = sample.token_ids, self._seen[out.request_id]  # cumulative: read only the new ones
             if out.finished and len(tokens) == seen:
                 raise RuntimeError(f"vLLM finished request {out.request_id} without a token: {sample.finish_reason}")
             for index in range(seen, len(tokens)):

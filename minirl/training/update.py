@@ -28,8 +28,10 @@ from minirl.algos.rollout_correction import rollout_correction
 from minirl.config import AlgoConfig, LossConfig, LRSchedule, OldLogprobs, Overlong, TrainerConfig
 from minirl.distributed.strategies import Parallel
 from minirl.inference.sampling import SamplingParams
+from minirl.metrics import advantage_metrics
 from minirl.rollout.trajectory import Trajectory
-from minirl.training.batch import PolicyBatch, action_logits, batch_logprobs, micro_batches, targets
+from minirl.training.batch import PolicyBatch, action_logits, batch_logprobs, collate, micro_batches, targets
+from minirl.training.shaping import kl_shaped
 
 
 def lr_factor(step: int, t: TrainerConfig) -> float:
@@ -135,6 +137,28 @@ class PolicyOptimizer:
         totals = world.sum_(stacked.cpu())
         metrics = {k: float(v) for k, v in zip(keys, totals[:-1])}
         return {**metrics, "entropy": float(totals[-1] / mask.sum().clamp(min=1))}
+
+
+def advantage_batch(
+    trajs: list[Trajectory],
+    pad_id: int,
+    learner: PolicyOptimizer,
+    reference: torch.nn.Module | None,  # None: no KL to a reference anywhere (beta 0, no KL in the reward)
+    adv_fn,  # an ADV_ESTIMATORS entry
+    algo: AlgoConfig,
+    group_size: int,
+) -> tuple[PolicyBatch, dict[str, float]]:
+    """The trajectories as a batch with the reference's log-probs and each row's advantage (of the rewards minus
+    any KL in the reward; also set on the trajectory), and the metrics of the advantages and of that KL."""
+    batch = collate(trajs, torch.zeros(len(trajs)), pad_id)  # advantages set below
+    if reference is not None:  # once per step, before advantages: a KL in the reward needs them
+        with torch.no_grad():
+            batch.ref_logp = learner.logprobs(reference, batch, [torch.arange(len(trajs))])
+    rewards, kl_metrics = kl_shaped(trajs, batch, algo)
+    batch.advantages = adv_fn(rewards, group_size, algo.adv_eps)  # [N]
+    for traj, advantage in zip(trajs, batch.advantages.tolist()):
+        traj.advantage = advantage
+    return batch, {**advantage_metrics(batch.advantages), **kl_metrics}
 
 
 def prepare_batch(
