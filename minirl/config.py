@@ -151,6 +151,9 @@ class SFTConfig:
     corpus: str = "synthetic_tools"
     path: Optional[str] = None  # jsonl: the conversations, each with assistant messages after its last user message
     rows: int = 3000
+    # synthetic corpora: the share of rows worded with the "extra" phrasings, which RL and held-out questions also
+    # use (0: the warm start never sees them)
+    extra_wording_share: float = 0.0
     epochs: int = 5
     batch_size: int = 16
     lr: float = 1e-3
@@ -162,6 +165,7 @@ class SFTConfig:
         for key in ("rows", "epochs", "batch_size", "max_length"):
             _check(getattr(self, key) > 0, f"sft.{key}", "must be > 0")
         _check(self.lr > 0, "sft.lr", "must be > 0")
+        _check(0 <= self.extra_wording_share <= 1, "sft.extra_wording_share", "must be in [0, 1]")
 
 
 @dataclass

@@ -236,7 +236,9 @@ def test_unknown_registry_names_list_the_known_ones():
         match="unknown tool-call format 'json'; known: deepseek_v3, harmony, hermes, llama3_json, qwen3_coder",
     ):
         validate(compose_cfg("protocol.format=json"))
-    with pytest.raises(ConfigError, match="unknown sft.corpus 'nope'; known: jsonl, synthetic_math, synthetic_tools"):
+    with pytest.raises(
+        ConfigError, match="unknown sft.corpus 'nope'; known: jsonl, synthetic_math, synthetic_math_no_tool, synthetic_"
+    ):
         validate(compose_cfg("sft.corpus=nope"))
     with pytest.raises(ConfigError, match="unknown loss aggregation 'bogus'; known: seq-mean-token-mean, seq-mean-t"):
         validate(compose_cfg("loss.agg=bogus"))

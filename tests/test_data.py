@@ -150,7 +150,7 @@ def test_double_calls_share_one_assistant_turn(rl_tasks):
 
 def test_a_too_small_prompt_space_fails_clearly():
     with pytest.raises(DataError, match="distinct synthetic prompts"):
-        GENERATOR.generate(500, 0, set(), {"no_tool": 1.0}, phrasings="core", unique=True)
+        GENERATOR.generate(500, 0, set(), {"no_tool": 1.0}, phrasings=lambda: "core", unique=True)
 
 
 # -- task rows ----------------------------------------------------------------------------------
@@ -455,11 +455,13 @@ def test_each_warm_start_corpus_has_its_own_model_cache_key(tmp_path):
     """Each corpus, and each content of a jsonl corpus's file, keys its own model cache entry."""
     from minirl.bootstrap import cache_key
 
-    assert WARM_START_CORPORA.names() == ["jsonl", "synthetic_math", "synthetic_tools"]
+    assert WARM_START_CORPORA.names() == ["jsonl", "synthetic_math", "synthetic_math_no_tool", "synthetic_tools"]
     assert Config().sft.corpus == "synthetic_tools"
     keys = {cache_key(Config(sft=SFTConfig(corpus=name))) for name in WARM_START_CORPORA}
     assert len(keys) == len(WARM_START_CORPORA.names())
-    with pytest.raises(ConfigError, match="unknown sft.corpus 'nope'; known: jsonl, synthetic_math, synthetic_tools"):
+    with pytest.raises(
+        ConfigError, match="unknown sft.corpus 'nope'; known: jsonl, synthetic_math, synthetic_math_no_tool, synthetic_"
+    ):
         WARM_START_CORPORA.get("nope")
     path = tmp_path / "conversations.jsonl"
     write_jsonl(path, sft_rows(2, seed=0, exclude_prompts=set()))

@@ -10,22 +10,22 @@ import pytest
 from minirl.config import Config, DataConfig, SFTConfig, ToolsConfig
 from minirl.data import DATASETS, Task
 from minirl.data.generation import prompt_text
-from minirl.data.synthetic_math import GENERATOR, SYSTEM_PROMPT
+from minirl.data.synthetic_math import GENERATOR, NO_TOOL_GENERATOR, NO_TOOL_SYSTEM_PROMPT, SYSTEM_PROMPT
 from minirl.data.task import task_from_row
 from minirl.tools import ToolExecutor, build_tools
 from minirl.tools.base import ToolCall
 from minirl.training.sft import sft_examples
 
 KINDS = {"product", "sum", "mod_pow", "count_multiples", "count_primes", "power_digit_sum"}
-# one fragment of an "extra" phrasing per family: RL sees them, the warm start never does
+# a fragment of each "extra" phrasing of each family: RL sees them, the warm start only under sft.extra_wording_share
 EXTRA_MARKERS = (
-    "What do you get when you multiply",
-    "Find the total of",
-    "What remainder does",
-    "Among 1, 2, ...,",
-    "less than or equal to",
-    "If you write out",
-)
+    " times ", "What do you get when you multiply",
+    "Find the total of", " add up to?",
+    ", modulo ", "What remainder does",
+    "Among 1, 2, ...,", "How many multiples of",
+    "less than or equal to", "primes are in 1..",
+    "Add up all the digits of", "If you write out",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,34 @@ def test_warm_start_rows_exclude_heldout_prompts_and_extra_phrasings():
     assert not any(marker in prompt for prompt in prompts for marker in EXTRA_MARKERS)
     rl_prompts = [prompt_text(row) for row in GENERATOR.rl_rows(600, seed=0)]
     assert all(any(marker in prompt for prompt in rl_prompts) for marker in EXTRA_MARKERS)
+
+
+def is_extra(prompt: str) -> bool:
+    return any(marker in prompt for marker in EXTRA_MARKERS)
+
+
+@pytest.mark.fast
+def test_a_share_of_warm_start_rows_uses_the_extra_wordings_and_the_rest_stays_as_it_was():
+    plain = GENERATOR.sft_rows(600, seed=0, exclude_prompts=set())
+    mixed = GENERATOR.sft_rows(600, seed=0, exclude_prompts=set(), extra_wording_share=0.2)
+    assert GENERATOR.sft_rows(600, seed=0, exclude_prompts=set(), extra_wording_share=0.0) == plain
+    extra = [is_extra(prompt_text(row)) for row in mixed]
+    assert 0.15 < sum(extra) / len(extra) < 0.25
+    assert {row["kind"] for row, e in zip(mixed, extra, strict=True) if e} == KINDS
+    everything = GENERATOR.sft_rows(200, seed=0, exclude_prompts=set(), extra_wording_share=1.0)
+    assert all(is_extra(prompt_text(row)) for row in everything)
+
+
+@pytest.mark.fast
+def test_the_no_tool_rows_ask_the_same_questions_and_answer_at_once():
+    with_tool = DATASETS.get("synthetic_math")(config(train_size=50))
+    without = DATASETS.get("synthetic_math_no_tool")(config(train_size=50))
+    for a, b in zip(with_tool.train + with_tool.heldout, without.train + without.heldout, strict=True):
+        assert (prompt_text(a), a.gt, a.kind) == (prompt_text(b), b.gt, b.kind)
+        assert b.messages[0] == {"role": "system", "content": NO_TOOL_SYSTEM_PROMPT} and b.tools == []
+        assert b.reference == [{"role": "assistant", "content": f"The answer is \\boxed{{{b.gt[0]}}}."}]
+    rows = NO_TOOL_GENERATOR.sft_rows(100, seed=0, exclude_prompts=set())
+    assert [prompt_text(r) for r in rows] == [prompt_text(r) for r in GENERATOR.sft_rows(100, 0, set())]
 
 
 @pytest.mark.fast

@@ -60,18 +60,19 @@ DatasetLoader = Callable[[DatasetConfig], Dataset]
 DATASETS: Registry[DatasetLoader] = Registry("dataset")
 
 
-@DATASETS.register("synthetic_tools")
-def synthetic_tools_dataset(cfg: DatasetConfig) -> Dataset:
-    """Generated tool tasks; train and held-out never share a prompt."""
-    split = synthetic_tools.GENERATOR.train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed, cfg.phrasings)
-    return Dataset(*split, skipped=[])
+def _synthetic(generator: RowGenerator) -> DatasetLoader:
+    """The loader of a generated dataset: seeded train and held-out tasks that never share a prompt."""
+
+    def load(cfg: DatasetConfig) -> Dataset:
+        split = generator.train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed, cfg.phrasings)
+        return Dataset(*split, skipped=[])
+
+    return load
 
 
-@DATASETS.register("synthetic_math")
-def synthetic_math_dataset(cfg: DatasetConfig) -> Dataset:
-    """Generated math tasks for the code interpreter; train and held-out never share a prompt."""
-    split = synthetic_math.GENERATOR.train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed, cfg.phrasings)
-    return Dataset(*split, skipped=[])
+DATASETS.register("synthetic_tools")(_synthetic(synthetic_tools.GENERATOR))  # MiniMind's six mock tools
+DATASETS.register("synthetic_math")(_synthetic(synthetic_math.GENERATOR))  # math for the code interpreter (ReTool)
+DATASETS.register("synthetic_math_no_tool")(_synthetic(synthetic_math.NO_TOOL_GENERATOR))  # the same, no tool offered
 
 
 @DATASETS.register("jsonl")
@@ -110,7 +111,7 @@ def _generated(generator: RowGenerator) -> Callable[[Config, int, int, Collectio
     """The generator's warm-start rows as tasks."""
 
     def conversations(cfg: Config, n: int, seed: int, exclude: Collection[str]) -> list[Task]:
-        rows = generator.sft_rows(n, seed, exclude)
+        rows = generator.sft_rows(n, seed, exclude, cfg.sft.extra_wording_share)
         return [task_from_row(row, f"{generator.name}:sft[{i}]") for i, row in enumerate(rows)]
 
     return conversations
@@ -151,6 +152,12 @@ WARM_START_CORPORA.register("synthetic_math")(
             ("minirl.data", "synthetic_math.py"),
             ("minirl.tools", "code_interpreter.py"),
         ),
+    )
+)
+WARM_START_CORPORA.register("synthetic_math_no_tool")(
+    WarmStartCorpus(
+        _generated(synthetic_math.NO_TOOL_GENERATOR),
+        sources=(("minirl.data", "generation.py"), ("minirl.data", "synthetic_math.py")),
     )
 )
 # a user's file: its bytes are part of the cache key (minirl.bootstrap), not any source

@@ -7,9 +7,10 @@ episode becomes a row; `RowGenerator` does the rest:
     GENERATOR = RowGenerator("my_dataset", families, to_row, sft_mix, rl_mix)
     train, heldout = GENERATOR.train_heldout_split(2000, 64, seed=0)
 
-Warm-start (SFT) rows use core phrasings only and may repeat a prompt; RL rows use a chosen
-phrasing set (`data.phrasings`: all, or only the unseen extra ones) and never repeat one. All
-randomness comes from `random.Random(seed)`.
+Warm-start (SFT) rows use core phrasings (and extra ones in a chosen share of rows,
+`sft.extra_wording_share`, 0 by default) and may repeat a prompt; RL rows use a chosen phrasing set
+(`data.phrasings`: all, or only the extra ones) and never repeat one. All randomness comes from
+`random.Random(seed)`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ _MIN_PICKS = 100
 
 @dataclass(frozen=True)
 class Phrasings:
-    """Ways to word one question: the warm start sees only `core`; `extra` ones are never in it."""
+    """Ways to word one question: the warm start sees `core`; `extra` ones only in sft.extra_wording_share of its
+    rows (by default none)."""
 
     core: tuple[str, ...]
     extra: tuple[str, ...]
@@ -38,11 +40,11 @@ class Phrasings:
         return rng.choice(PHRASING_SETS[phrasing_set](self))
 
 
-# which phrasings a split draws from; the warm start always uses "core"
+# which phrasings a split draws from; the warm start uses "core" (and "unseen" in sft.extra_wording_share of rows)
 PHRASING_SETS: dict[str, Callable[[Phrasings], tuple[str, ...]]] = {
     "core": lambda p: p.core,  # the warm start's own wordings
     "all": lambda p: p.core + p.extra,  # seen and unseen wordings
-    "unseen": lambda p: p.extra,  # only wordings the warm start never saw: RL must generalise
+    "unseen": lambda p: p.extra,  # only the extra wordings (by default never in the warm start): RL must generalise
 }
 
 
@@ -83,11 +85,12 @@ class RowGenerator(Generic[E]):
         seed: int,
         exclude_prompts: Collection[str],
         mix: Mapping[str, float],
-        phrasings: str,
+        phrasings: Callable[[], str],
         unique: bool,
     ) -> list[dict]:
-        """n rows, each from a family drawn from `mix`, with a prompt not in `exclude_prompts` (nor,
-        when `unique`, already used). Raises DataError when the prompt space runs out."""
+        """n rows, each from a family drawn from `mix` and worded from the phrasing set `phrasings()` names, with a
+        prompt not in `exclude_prompts` (nor, when `unique`, already used). Raises DataError when the prompt space
+        runs out."""
         rng = random.Random(seed)
         taken = set(exclude_prompts)
         rows: list[dict] = []
@@ -101,7 +104,7 @@ class RowGenerator(Generic[E]):
                 )
             picks += 1
             kind = rng.choices(list(mix), weights=list(mix.values()))[0]
-            episode = self._fresh_episode(rng, kind, phrasings, taken)
+            episode = self._fresh_episode(rng, kind, phrasings(), taken)
             if episode is None:
                 continue
             if unique:
@@ -109,16 +112,28 @@ class RowGenerator(Generic[E]):
             rows.append(self.to_row(rng, kind, episode))
         return rows
 
-    def sft_rows(self, n: int, seed: int, exclude_prompts: Collection[str]) -> list[dict]:
-        """Warm-start rows: core phrasings only, kinds drawn from `sft_mix`, no prompt in `exclude_prompts`."""
-        return self.generate(n, seed, exclude_prompts, self.sft_mix, phrasings="core", unique=False)
+    def sft_rows(
+        self, n: int, seed: int, exclude_prompts: Collection[str], extra_wording_share: float = 0.0
+    ) -> list[dict]:
+        """Warm-start rows: kinds drawn from `sft_mix`, no prompt in `exclude_prompts`; each row is worded from the
+        extra phrasings with probability `extra_wording_share` (drawn from a generator of its own, so the rows of
+        share 0 are the same as before), else from the core ones."""
+        wording = random.Random(f"wording:{seed}")
+        return self.generate(
+            n,
+            seed,
+            exclude_prompts,
+            self.sft_mix,
+            phrasings=lambda: "unseen" if wording.random() < extra_wording_share else "core",
+            unique=False,
+        )
 
     def rl_rows(
         self, n: int, seed: int, exclude_prompts: Collection[str] = frozenset(), phrasings: str = "all"
     ) -> list[dict]:
         """RL rows: `phrasings` (a PHRASING_SETS key), kinds drawn from `rl_mix`, distinct prompts
         none of which is excluded."""
-        return self.generate(n, seed, exclude_prompts, self.rl_mix, phrasings, unique=True)
+        return self.generate(n, seed, exclude_prompts, self.rl_mix, lambda: phrasings, unique=True)
 
     def train_heldout_split(
         self, train_size: int, heldout_size: int, seed: int, phrasings: str = "all"

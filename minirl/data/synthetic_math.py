@@ -13,7 +13,9 @@ answer, the tool message the real executor returns for that call, and "The answe
 gt holds the answer. The tool message is written from the tool's output format (`{"output":
 what the code printed}`, JSON-encoded) and the answer computed here, since running the sandbox
 for every row would cost about 65 ms each; a test checks it against the real tool. Every family
-has "core" and "extra" phrasings: the SFT warm start sees only core ones, RL sees both.
+has "core" and "extra" phrasings: the SFT warm start sees core ones (and extra ones in
+sft.extra_wording_share of its rows), RL sees both. `NO_TOOL_GENERATOR` asks the same questions
+with no tool offered and answers them at once: the ablation that shows what the tool is worth.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ SYSTEM_PROMPT = (
     "Each call starts a fresh interpreter: nothing is kept between calls, so define what you use and print the result. "
     "Give the final answer on the last line as \\boxed{ANSWER}."
 )
+
+NO_TOOL_SYSTEM_PROMPT = "Solve the problem. Give the final answer on the last line as \\boxed{ANSWER}."
 
 _CODE_INTERPRETER = TOOLS.get("code_interpreter")
 _MAX_PRIME_LIMIT = 20_000  # count_primes' N: the reference trial division stays well under a second
@@ -174,6 +178,10 @@ def code_interpreter_message(printed: str) -> str:
     return json.dumps({"output": printed}, ensure_ascii=False)
 
 
+def _answer(problem: _Problem) -> dict:
+    return {"role": "assistant", "content": f"The answer is \\boxed{{{problem.answer}}}."}
+
+
 def _row(rng: random.Random, kind: str, problem: _Problem) -> dict:
     """The row: system message with the rules and the code tool, the question, the reference."""
     call = {"name": _CODE_INTERPRETER.name, "arguments": {"code": problem.code}}
@@ -183,11 +191,27 @@ def _row(rng: random.Random, kind: str, problem: _Problem) -> dict:
             {"role": "user", "content": problem.user},
             {"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "content": code_interpreter_message(problem.answer + "\n")},
-            {"role": "assistant", "content": f"The answer is \\boxed{{{problem.answer}}}."},
+            _answer(problem),
         ],
         "gt": [problem.answer],
         "kind": kind,
     }
 
 
-GENERATOR = RowGenerator("synthetic_math", {kind: family.draw for kind, family in _FAMILIES.items()}, _row, _MIX, _MIX)
+def _row_without_tool(rng: random.Random, kind: str, problem: _Problem) -> dict:
+    """The same question with no tool offered, its reference the answer alone (the recipe's tool-off ablation)."""
+    return {
+        "conversations": [
+            {"role": "system", "content": NO_TOOL_SYSTEM_PROMPT},
+            {"role": "user", "content": problem.user},
+            _answer(problem),
+        ],
+        "gt": [problem.answer],
+        "kind": kind,
+    }
+
+
+_DRAWS = {kind: family.draw for kind, family in _FAMILIES.items()}
+GENERATOR = RowGenerator("synthetic_math", _DRAWS, _row, _MIX, _MIX)
+# the same questions, seed for seed, in the same order
+NO_TOOL_GENERATOR = RowGenerator("synthetic_math", _DRAWS, _row_without_tool, _MIX, _MIX)
