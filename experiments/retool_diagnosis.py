@@ -11,7 +11,8 @@ kind that fits it (invalid turn, cut by a budget, no code run, code that failed,
 number printed but another one boxed, code that dropped or changed one of the question's numbers, other wrong
 code); then `--groups` training tasks x rollout.group_size samples at the rollout temperature, as a step
 samples them: the share of groups whose rewards all tie (no advantage, so no gradient), per family. Also the
-share of "extra" wordings (which the warm start never saw) among the training and the held-out questions.
+share of "extra" wordings (which the warm start sees in only sft.extra_wording_share of its rows) among the
+training and the held-out questions.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ EXTRA = [
     re.compile("^" + re.sub(r"\\\{\w+\\\}", ".+", re.escape(template)) + "$")
     for family in _FAMILIES.values()
     for template in family.question.extra
-]  # a family's "extra" wordings, which the warm start never saw
+]  # a family's "extra" wordings, rare or absent in the warm start (sft.extra_wording_share)
 
 
 def extra_wording(question: str) -> bool:
