@@ -472,6 +472,8 @@ class DataConfig:
     # synthetic datasets: wordings of the RL and held-out questions; the warm start only ever sees
     # the "core" ones, so "unseen" makes RL generalise to new wordings (all | unseen | core)
     phrasings: PhrasingSet = PhrasingSet.all
+    # the RL training questions' wordings alone (null: data.phrasings); the held-out set keeps data.phrasings
+    train_phrasings: Optional[PhrasingSet] = None
     on_error: OnError = OnError["raise"]  # a malformed jsonl row: raise (naming file:line) | skip (counted, logged)
     max_row_bytes: int = 1_000_000  # a longer jsonl line is malformed
 
@@ -481,6 +483,11 @@ class DataConfig:
         _check(self.heldout_size > 0, "data.heldout_size", "must be > 0")
         known = [p.value for p in PhrasingSet]
         _check(self.phrasings in known, "data.phrasings", f"must be one of {', '.join(known)}")
+        _check(
+            self.train_phrasings is None or self.train_phrasings in known,
+            "data.train_phrasings",
+            f"must be null or one of {', '.join(known)}",
+        )
 
 
 class Resume(str, Enum):

@@ -12,6 +12,7 @@ from minirl.data import DATASETS, Task
 from minirl.data.generation import prompt_text
 from minirl.data.synthetic_math import GENERATOR, NO_TOOL_GENERATOR, NO_TOOL_SYSTEM_PROMPT, SYSTEM_PROMPT
 from minirl.data.task import task_from_row
+from minirl.errors import ConfigError
 from minirl.tools import ToolExecutor, build_tools
 from minirl.tools.base import ToolCall
 from minirl.training.sft import sft_examples
@@ -80,6 +81,19 @@ def test_a_share_of_warm_start_rows_uses_the_extra_wordings_and_the_rest_stays_a
     assert {row["kind"] for row, e in zip(mixed, extra, strict=True) if e} == KINDS
     everything = GENERATOR.sft_rows(200, seed=0, exclude_prompts=set(), extra_wording_share=1.0)
     assert all(is_extra(prompt_text(row)) for row in everything)
+
+
+@pytest.mark.fast
+def test_train_phrasings_word_the_training_tasks_alone_and_leave_the_heldout_set_as_it_was():
+    both = DATASETS.get("synthetic_math")(config())
+    extra_only = DATASETS.get("synthetic_math")(config(train_phrasings="unseen"))
+    assert extra_only.heldout == both.heldout
+    assert all(is_extra(prompt_text(task)) for task in extra_only.train)
+    assert 0.2 < sum(is_extra(prompt_text(task)) for task in both.train) / len(both.train) < 0.8
+    assert not {prompt_text(t) for t in extra_only.train} & {prompt_text(t) for t in extra_only.heldout}
+    assert DATASETS.get("synthetic_math")(config(train_phrasings="all")) == both
+    with pytest.raises(ConfigError, match="data.train_phrasings: must be null or one of core, all, unseen"):
+        DataConfig(train_phrasings="extra")
 
 
 @pytest.mark.fast

@@ -38,6 +38,7 @@ class DatasetConfig(Protocol):
     heldout_size: int
     seed: int
     phrasings: str
+    train_phrasings: str | None
     on_error: OnError
     max_row_bytes: int
 
@@ -64,7 +65,9 @@ def _synthetic(generator: RowGenerator) -> DatasetLoader:
     """The loader of a generated dataset: seeded train and held-out tasks that never share a prompt."""
 
     def load(cfg: DatasetConfig) -> Dataset:
-        split = generator.train_heldout_split(cfg.train_size, cfg.heldout_size, cfg.seed, cfg.phrasings)
+        split = generator.train_heldout_split(
+            cfg.train_size, cfg.heldout_size, cfg.seed, cfg.phrasings, cfg.train_phrasings or cfg.phrasings
+        )
         return Dataset(*split, skipped=[])
 
     return load

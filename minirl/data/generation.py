@@ -136,11 +136,12 @@ class RowGenerator(Generic[E]):
         return self.generate(n, seed, exclude_prompts, self.rl_mix, lambda: phrasings, unique=True)
 
     def train_heldout_split(
-        self, train_size: int, heldout_size: int, seed: int, phrasings: str = "all"
+        self, train_size: int, heldout_size: int, seed: int, phrasings: str = "all", train_phrasings: str | None = None
     ) -> tuple[list[Task], list[Task]]:
-        """(train, held-out) RL tasks; held-out uses seed + 1 and no train prompt equals a held-out one."""
+        """(train, held-out) RL tasks, worded from `phrasings` (train ones from `train_phrasings` when given);
+        held-out uses seed + 1 and no train prompt equals a held-out one."""
         heldout = self.rl_rows(heldout_size, seed + 1, phrasings=phrasings)
-        train = self.rl_rows(train_size, seed, {prompt_text(row) for row in heldout}, phrasings)
+        train = self.rl_rows(train_size, seed, {prompt_text(row) for row in heldout}, train_phrasings or phrasings)
         return self._tasks(train, "train"), self._tasks(heldout, "heldout")
 
     def _tasks(self, rows: list[dict], split: str) -> list[Task]:
