@@ -3,9 +3,12 @@
     python -m minirl.train -m experiment=retool trainer.seed=0,1,2 logger=none hydra.sweep.dir=multirun/retool
     python -m minirl.train -m experiment=retool_no_tool trainer.seed=0,1,2 logger=none \\
         hydra.sweep.dir=multirun/retool_no_tool
+    python -m minirl.train -m experiment=retool_paper trainer.seed=0,1,2 logger=none \\
+        hydra.sweep.dir=multirun/retool_paper
     python -m minirl.train -m trainer.seed=0,1,2 logger=none hydra.sweep.dir=multirun/default
     python experiments/learning_curves.py \\
         --figure retool "code tool=multirun/retool" "no tool=multirun/retool_no_tool" \\
+            "ReTool's algorithm=multirun/retool_paper" \\
         --figure default "MiniMind tools=multirun/default"
 
 Each `--figure NAME LABEL=DIR ...` draws experiments/learning_curves_NAME.png (--out-dir): for each series, the

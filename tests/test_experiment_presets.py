@@ -71,17 +71,32 @@ def test_debug_keeps_what_each_preset_does(preset):
 
 
 @pytest.mark.fast
-def test_retool_trains_with_retools_algorithm(tmp_path):
+def test_retool_paper_trains_with_retools_algorithm(tmp_path):
     """The seed design's ReTool (agentic-rl-lab 05-retool): clip-higher 0.2 / 0.28, no KL term and so no reference
     model, the reward minus its group's mean as the advantage, one optimizer step per rollout batch, every group
-    kept, and the end of a long tool output."""
-    cfg = compose_config(tmp_path, tmp_path, "experiment=retool")
+    kept, only the model's own samples learned from, and the end of a long tool output."""
+    cfg = compose_config(tmp_path, tmp_path, "experiment=retool_paper")
     assert (cfg.loss.name, cfg.loss.clip_low, cfg.loss.clip_high, cfg.loss.beta) == ("grpo", 0.2, 0.28, 0.0)
     assert not cfg.algo.kl_in_reward  # and beta 0: the trainer loads no reference model
     assert (cfg.trainer.ppo_epochs, cfg.trainer.mini_batches) == (1, 1) and not cfg.algo.dynamic_sampling
+    assert not cfg.algo.guide
     advantages = ADV_ESTIMATORS.get(cfg.algo.adv_estimator)(torch.tensor([1.0, -1.0, -1.0, -1.0]), 4, cfg.algo.adv_eps)
     assert advantages.tolist() == [1.5, -0.5, -0.5, -0.5]  # r - mean(r) = r + 0.5, not divided by the std
     assert cfg.protocol.observation_cut is ObservationCut.tail
+
+
+@pytest.mark.fast
+def test_the_retool_recipe_departs_from_retools_algorithm_only_where_it_says(tmp_path):
+    """experiment=retool is retool_paper plus a KL term, guidance, and the lr schedule and steps that go with them."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        recipe, paper = (
+            flat_tree(OmegaConf.to_container(compose("config", overrides=[f"experiment={name}"])))
+            for name in ("retool", "retool_paper")
+        )
+    departures = {key for key in recipe if recipe[key] != paper[key]}
+    assert departures == {"loss.beta", "algo.guide", "trainer.lr", "trainer.warmup_steps", "trainer.steps"}
+    assert (recipe["loss.beta"], recipe["algo.guide"]) == (0.02, True)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
