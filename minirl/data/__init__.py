@@ -66,7 +66,7 @@ def _synthetic(generator: RowGenerator) -> DatasetLoader:
 
     def load(cfg: DatasetConfig) -> Dataset:
         split = generator.train_heldout_split(
-            cfg.train_size, cfg.heldout_size, cfg.seed, cfg.phrasings, cfg.train_phrasings or cfg.phrasings
+            cfg.train_size, cfg.heldout_size, cfg.seed, cfg.phrasings, cfg.train_phrasings
         )
         return Dataset(*split, skipped=[])
 
