@@ -94,8 +94,8 @@ def main() -> None:
         cfg = to_config(compose("config", overrides=overrides))
     cfg.output_dir = str(out / "run")
     trainer = Trainer(cfg, model_path(cfg, Console()))
-    trainer.executor.tools["get_current_time"] = RaisingTime()
-    trainer.executor.tools["unit_converter"] = HangingConverter()
+    trainer.sampler.executor.tools["get_current_time"] = RaisingTime()
+    trainer.sampler.executor.tools["unit_converter"] = HangingConverter()
     started = time.perf_counter()
     trainer.fit()
     rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]

@@ -4,15 +4,15 @@
     (-> sync check) -> metrics (-> trajectories.jsonl every trainer.trajectories_every steps -> held-out eval
     -> checkpoint)
 
-The parts of a step are functions with explicit inputs in minirl/training/: which groups a step learns from
-(groups.py), reward shaping (shaping.py), the tensor layout (batch.py), pi_old, the rollout correction and the
-optimizer steps (update.py), the check that the sampler moved with the trainer every rollout.sync_check_every
-steps (sync_check.py), and one step off (trainer.async_rollout, pipeline.py): the next step's rollout runs on a
-worker thread during this step's update. A step whose loss or gradient is not finite skips its update
-(trainer.max_bad_steps in a row stop the run); `trainer.resume=auto` continues from the run directory's newest
-checkpoint (minirl/training/checkpoint.py) with the same optimizer, schedule, RNG and data position, as if never
-stopped. Under `torchrun` every rank runs this loop on the step's whole batch (minirl/distributed/); rank 0 alone
-logs, evaluates and writes checkpoints.
+The parts of a step are functions with explicit inputs in minirl/training/: the rollout engine, the tools and
+the training tasks (sampling.py), which groups a step learns from (groups.py), reward shaping (shaping.py), the
+tensor layout (batch.py), pi_old, the rollout correction and the optimizer steps (update.py), the check that the
+sampler moved with the trainer every rollout.sync_check_every steps (sync_check.py), and one step off
+(trainer.async_rollout, pipeline.py): the next step's rollout runs on a worker thread during this step's update.
+A step whose loss or gradient is not finite skips its update (trainer.max_bad_steps in a row stop the run);
+`trainer.resume=auto` continues from the run directory's newest checkpoint (minirl/training/checkpoint.py) with
+the same optimizer, schedule, RNG and data position, as if never stopped. Under `torchrun` every rank runs this
+loop on the step's whole batch (minirl/distributed/); rank 0 alone logs, evaluates and writes checkpoints.
 
 Example (what `python -m minirl.train` runs after composing the config):
 
@@ -36,7 +36,6 @@ from minirl.algos.advantages import ADV_ESTIMATORS
 from minirl.bootstrap import model_path
 from minirl.config import Config, Resume
 from minirl.data import DATASETS
-from minirl.data.task import Task
 from minirl.distributed.strategies import STRATEGIES
 from minirl.distributed.world import World
 from minirl.inference.sampling import SamplingParams
@@ -49,12 +48,9 @@ from minirl.metrics import group_metrics, rollout_metrics
 from minirl.models.loading import load_policy, load_reference, load_tokenizer
 from minirl.protocol.chat import template_fit, thinking_views
 from minirl.rewards import SUCCESS_CRITERIA, score_all
-from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import build_engine
-from minirl.rollout.thinking import draw_thinking
 from minirl.rollout.trajectory import Trajectory
 from minirl.runtime import rank_seed, resolve_device, seed_everything
-from minirl.tools import ToolExecutor
 from minirl.tools.base import check_offered_tools
 from minirl.tracking import MutedTracker, Tracker
 from minirl.training import console as lines
@@ -70,11 +66,11 @@ from minirl.training.checkpoint import (
     save_checkpoint,
     save_policy,
 )
-from minirl.training.faults import BadStepCounter, rollout_memory_hint, update_memory_hint
-from minirl.training.groups import TaskQueue, collect_groups, gathered
+from minirl.training.faults import BadStepCounter, update_memory_hint
+from minirl.training.groups import TaskQueue
 from minirl.training.heldout import TrainResult, log_heldout
-from minirl.training.pipeline import Rollout, RolloutAhead, fresh, timed
-from minirl.training.shaping import guided, replayed, score
+from minirl.training.pipeline import Rollout, RolloutAhead, fresh
+from minirl.training.sampling import Sampler
 from minirl.training.update import PolicyOptimizer, advantage_batch, prepare_batch
 from minirl.validate import validate
 
@@ -94,7 +90,6 @@ class Trainer:
         check_offered_tools(
             (schema for task in [*dataset.train, *self.heldout] for schema in task.tools), cfg.tools.names
         )
-        self.tasks = TaskQueue(dataset.train, cfg.trainer.seed)
         self.tokenizer = load_tokenizer(path, cfg)
         if cfg.rollout.thinking_ratio is not None:  # a template without a thinking switch fails here, not at step 1
             thinking_views(self.tokenizer)
@@ -105,21 +100,21 @@ class Trainer:
         # no KL to the reference in the loss (beta = 0) nor in the reward: no reference model in memory
         needs_reference = cfg.loss.beta > 0 or cfg.algo.kl_in_reward
         self.reference = load_reference(path, cfg, self.policy, self.device) if needs_reference else None
-        self.reward_model = reward_model.build_reward_model(cfg.reward.model, self.device, cfg.trainer.deterministic)
-        self.engine = build_engine(cfg.rollout, self.policy, self.tokenizer, self.device, path)
-        self.executor = ToolExecutor.from_config(cfg.tools)
+        scorer = reward_model.build_reward_model(cfg.reward.model, self.device, cfg.trainer.deterministic)
+        engine = build_engine(cfg.rollout, self.policy, self.tokenizer, self.device, path)
+        # rollouts, rewards and the training tasks; the sampler owns the engine the weight sync writes into
+        tasks = TaskQueue(dataset.train, cfg.trainer.seed)
+        self.sampler = Sampler(cfg, engine, self.tokenizer, tasks, scorer, self.world)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algo.adv_estimator)
         self.solved = SUCCESS_CRITERIA.get(cfg.reward.success)  # what the success-rate metrics count
-        r = cfg.rollout
-        sampling = SamplingParams.from_config(r, r.temperature)  # what the sampler draws from; log-probs use it too
+        sampling = SamplingParams.from_config(cfg.rollout, cfg.rollout.temperature)  # log-probs use it too
         self.learner = PolicyOptimizer.adamw(self.parallel, cfg.loss, cfg.trainer, self.device, sampling)
-        self.limits = AgentLimits.from_config(r)
         self.shuffle_rng = torch.Generator().manual_seed(cfg.trainer.seed)  # mini-batch order; not the global RNG
         self.step = 0  # the last completed step
         # one step off: the engine samples from its own copy of the weights, on a worker thread (training/pipeline.py)
         self.ahead = RolloutAhead() if cfg.trainer.async_rollout else None
         if self.ahead is not None:
-            self.engine.detach()
+            self.sampler.engine.detach()
         self.pending: Rollout | None = None  # the next step's rollout, sampled during this step's update
         self.bad_steps = BadStepCounter(cfg.trainer.max_bad_steps)
         if self.world.rank:  # rank 0 draws on from the seed as one process does, the others from streams of their own
@@ -190,7 +185,7 @@ class Trainer:
         that caused it."""
         cfg, t0 = self.cfg, time.perf_counter()
         # rollout -> reward (-> guidance, dynamic sampling), in rounds; one step off: sampled during the last update
-        rollout, self.pending = self.pending or self.sampled_rollout(self.step - 1), None
+        rollout, self.pending = self.pending or self.sampler.step_rollout(self.step - 1), None
         trajs, staleness = fresh(rollout.trajs, self.step - 1, cfg.algo.max_staleness)
         t1 = time.perf_counter()
         update: dict[str, float] = {}
@@ -199,9 +194,9 @@ class Trainer:
         probe = sync_check.probe(self.policy, trajs, self.device) if checked else None
         ahead = self.ahead is not None and self.step < cfg.trainer.steps
         if ahead:  # the next step's rollout, from the weights before this update
-            self.ahead.start(partial(self.sampled_rollout, self.step - 1))
+            self.ahead.start(partial(self.sampler.step_rollout, self.step - 1))
         elif trajs:
-            self.engine.free_memory()  # vLLM on CUDA sleeps until the sync
+            self.sampler.engine.free_memory()  # vLLM on CUDA sleeps until the sync
         if trajs:
             longest = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
             with update_memory_hint("the policy update", min(cfg.trainer.micro_batch_size, len(trajs)), longest):
@@ -211,7 +206,7 @@ class Trainer:
         if ahead:
             self.pending, waited = self.ahead.wait()
         if trajs:
-            self.engine.sync_weights(self.policy)  # weight sync: the next rollout samples from the new weights
+            self.sampler.engine.sync_weights(self.policy)  # weight sync: the next rollout samples from the new weights
             if probe is not None:  # the sync check: did the engine move with the trainer?
                 update.update(self.checked_sync(probe))
         t2 = time.perf_counter()
@@ -225,35 +220,13 @@ class Trainer:
             metrics |= {**staleness, "time/rollout_wait_s": t1 - t0 + waited}  # the update
         return metrics, trajs
 
-    def sampled_rollout(self, version: int) -> Rollout:
-        """A step's rollout (sample_groups) by the weights of policy version `version`, timed."""
-        with rollout_memory_hint(
-            "rollout", self.prompts_per_round * self.cfg.rollout.group_size, self.cfg.rollout.max_total_tokens
-        ):
-            rollout = timed(self.sample_groups, version)
-        rollout.reward_model = self.reward_model.metrics()
-        return rollout
-
     def checked_sync(self, probe: sync_check.SyncProbe) -> dict[str, float]:
         """The sync check's metrics for the probe taken before this step's update; warns when the engine did not
         move to the new weights (minirl/training/sync_check.py)."""
-        gaps = sync_check.sync_gaps(probe, self.engine, self.policy, self.device)
+        gaps = sync_check.sync_gaps(probe, self.sampler.engine, self.policy, self.device)
         if gaps.stale:
             self.console.print(lines.stale_sync_warning(self.step, self.cfg.rollout.engine, gaps.new, gaps.prev))
         return gaps.metrics()
-
-    def sample_groups(self) -> tuple[list[Trajectory], list[Trajectory]]:
-        """(every trajectory sampled this step, the ones to learn from): rounds of rollout and reward
-        (minirl/training/groups.py)."""
-        cfg = self.cfg
-        size = cfg.rollout.group_size
-        return collect_groups(
-            rollout=lambda: gathered(self.world, self.scored_round()),
-            guide=lambda trajs: guided(trajs, size, self.reference_answer),
-            group_size=size,
-            prompts_per_step=cfg.trainer.prompts_per_step,
-            algo=cfg.algo,
-        )
 
     def advantages(self, trajs: list[Trajectory]) -> tuple[PolicyBatch, dict[str, float]]:
         """The trajectories as a batch with the reference's log-probs and advantages (training/update.py)."""
@@ -268,39 +241,13 @@ class Trainer:
         poisoned = self.step in t.nan_loss_steps  # fault drill: this step's loss is NaN
         return {**correction, **self.learner.update(batch, plan, poisoned)}
 
-    def scored_round(self) -> list[Trajectory]:
-        """This rank's share (World.share, whole groups) of the next round's tasks, rolled out and scored."""
-        tasks = self.world.share(self.tasks.next(self.prompts_per_round))  # every rank draws the same tasks
-        trajs = self.rollout(tasks, self.cfg.rollout.group_size, self.cfg.rollout.temperature, True)
-        score(trajs, self.cfg, self.reward_model)
-        return trajs
-
-    @property
-    def prompts_per_round(self) -> int:
-        """Prompts one rollout round samples: algo.prompts_per_round, or trainer.prompts_per_step when that is 0."""
-        return self.cfg.algo.prompts_per_round or self.cfg.trainer.prompts_per_step
-
-    def rollout(self, tasks: list[Task], group_size: int, temperature: float, train: bool = False) -> list[Trajectory]:
-        """`group_size` trajectories per task; a training one draws which render with thinking on (thinking_ratio)."""
-        r = self.cfg.rollout
-        thinking = draw_thinking(r.thinking_ratio, r.thinking_unit, len(tasks), group_size) if train else None
-        sampling, protocol = SamplingParams.from_config(r, temperature), self.cfg.protocol
-        return run_agent(
-            self.engine, self.tokenizer, self.executor, tasks, group_size, self.limits, sampling, protocol, thinking,
-            barrier=r.barrier,
-        )  # fmt: skip
-
-    def reference_answer(self, traj: Trajectory) -> Trajectory | None:
-        """The reference answer of traj's task, replayed in its group slot and scored (training/shaping.py)."""
-        return replayed(traj, self.tokenizer, self.executor, self.limits, self.cfg, self.reward_model)
-
     def log_eval(self, step: int, tracker: Tracker, result: TrainResult) -> None:
         """Held-out metrics at trainer.eval_temperature; after step 0 also the tasks gained and lost since then
         (minirl/training/heldout.py). The reward model (reward.model) scores no held-out task: `rm` is 0 there.
         Rank 0 alone."""
         if not self.world.is_main:
             return
-        trajs = self.rollout(self.heldout, 1, self.cfg.trainer.eval_temperature)
+        trajs = self.sampler.rollout(self.heldout, 1, self.cfg.trainer.eval_temperature)
         score_all(trajs, self.cfg.reward)  # the reward terms alone: no penalty shapes what held-out tasks score
         log_heldout(
             step, trajs, self.solved, result, tracker, self.console, self.tokenizer, self.cfg.trainer.eval_every
@@ -315,7 +262,7 @@ class Trainer:
             "optimizer": self.parallel.optimizer_state(self.learner.optimizer),
             "scheduler": self.learner.scheduler.state_dict(),
             "rng": self.world.gather(rng_state()),  # every rank's streams, in rank order
-            **self.tasks.state_dict(),
+            **self.sampler.tasks.state_dict(),
             "shuffle_rng": self.shuffle_rng.get_state(),
             "pending_rollout": self.pending,  # one step off: sampled by this step's predecessor, not trained yet
         }
@@ -329,10 +276,10 @@ class Trainer:
         state = load_trainer_state(checkpoint)
         restore_policy(self.policy, checkpoint, self.cfg, self.device)
         self.parallel.loaded()
-        self.engine.sync_weights(self.policy)
+        self.sampler.engine.sync_weights(self.policy)
         self.parallel.load_optimizer_state(self.learner.optimizer, state["optimizer"])
         self.learner.scheduler.load_state_dict(state["scheduler"])
-        self.tasks.load_state_dict(state)
+        self.sampler.tasks.load_state_dict(state)
         self.shuffle_rng.set_state(state["shuffle_rng"])
         restore_rng_state(rank_rng_state(state["rng"], self.world.rank, self.world.size))
         self.step, self.bad_steps.in_a_row = state["step"], state["bad_steps"]

@@ -41,13 +41,16 @@ class Interleaved(Trainer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.rollout_started, self.updated = threading.Event(), threading.Event()
+        groups = self.sampler.groups
 
-    def sample_groups(self):
-        if threading.current_thread() is not threading.main_thread():
-            self.rollout_started.set()
-            assert self.updated.wait(WAIT_S), "the update never finished while the next rollout waited"
-            self.updated.clear()
-        return super().sample_groups()
+        def groups_after_the_update():
+            if threading.current_thread() is not threading.main_thread():
+                self.rollout_started.set()
+                assert self.updated.wait(WAIT_S), "the update never finished while the next rollout waited"
+                self.updated.clear()
+            return groups()
+
+        self.sampler.groups = groups_after_the_update
 
     def update(self, batch, trajs):
         if self.step < self.cfg.trainer.steps:

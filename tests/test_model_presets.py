@@ -67,7 +67,7 @@ def test_each_preset_trains_two_steps_on_its_scaled_down_copy_by_path(case, cach
     kwargs = template_kwargs(trainer.tokenizer)
     assert kwargs == dict(cfg.model.chat_template_kwargs)
     assert "next prompts: the " in console.export_text()
-    first = trainer.tokenizer.decode(trainer.rollout(trainer.heldout[:1], 1, 0.0)[0].prompt_ids)
+    first = trainer.tokenizer.decode(trainer.sampler.rollout(trainer.heldout[:1], 1, 0.0)[0].prompt_ids)
     empty_think = first.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert empty_think == (
         preset.startswith("qwen3-") and "2507" not in preset and kwargs.get("enable_thinking") is False

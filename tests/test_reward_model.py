@@ -236,12 +236,12 @@ def test_training_logs_the_reward_model_every_step_and_scores_a_replayed_referen
     reward_model = [f"reward.model.name_or_path={rm_dir}", "reward.model.trajectories=all", "reward.weights.rm=1.0"]
     cfg = debug_config(cache_dir, tmp_path, *reward_model, "rollout.max_new_tokens=96")  # turns fit every reference
     trainer = Trainer(cfg, model_path(cfg, Console(quiet=True)))
-    task = next(t for t in trainer.tasks.tasks if t.expected_tool_calls)
+    task = next(t for t in trainer.sampler.tasks.tasks if t.expected_tool_calls)
     slot = Trajectory(task, 3, [])
-    guide = trainer.reference_answer(slot)  # a replayed reference answer is scored like a sample
+    guide = trainer.sampler.reference_answer(slot)  # a replayed reference answer is scored like a sample
     assert guide is not None and guide.rm_score != 0.0 and guide.reward_terms["rm"] == guide.rm_score
     again = dataclasses.replace(guide, rm_score=0.0)
-    trainer.reward_model.score([again])
+    trainer.sampler.reward_model.score([again])
     assert again.rm_score == pytest.approx(guide.rm_score, abs=1e-5)
     trainer.fit()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

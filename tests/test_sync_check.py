@@ -43,7 +43,7 @@ def run(cfg, skip_at: int | None = None) -> tuple[list[dict[str, float]], str]:
     console = Console(record=True, width=400)
     trainer = Trainer(cfg, model_path(cfg, Console(quiet=True)), console)
     if skip_at is not None:
-        trainer.engine = CopyEngine(trainer, skip_at)
+        trainer.sampler.engine = CopyEngine(trainer, skip_at)
     metrics = []
     for step in range(1, cfg.trainer.steps + 1):
         trainer.step = step

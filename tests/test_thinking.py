@@ -72,7 +72,7 @@ def test_a_run_with_a_thinking_ratio_renders_records_and_logs_the_split(cache_di
     for on, key in ((True, "rollout/success_rate_thinking"), (False, "rollout/success_rate_no_thinking")):
         side = [s for s, t in zip(solved, trajs) if t.thinking is on]
         assert metrics[key] == (sum(side) / len(side) if side else 0.0)
-    heldout = trainer.rollout(trainer.heldout, 1, 0.0)  # held-out evaluation renders as configured: no draw
+    heldout = trainer.sampler.rollout(trainer.heldout, 1, 0.0)  # held-out evaluation renders as configured: no draw
     assert all(t.thinking is None for t in heldout)
 
 

@@ -45,7 +45,7 @@ def learn(trainer: Trainer, trajs: list[Trajectory]) -> dict[str, float]:
 def replayed_in_slot(trainer: Trainer, task, group_index: int):
     """The task's reference answer replayed in group slot `group_index` (training/shaping.py)."""
     slot = Trajectory(task, group_index, [], response_ids=[], action_mask=[], sampler_logprobs=[])
-    return replayed(slot, trainer.tokenizer, trainer.executor, trainer.limits, trainer.cfg)
+    return replayed(slot, trainer.tokenizer, trainer.sampler.executor, trainer.sampler.limits, trainer.cfg)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -147,7 +147,7 @@ def test_mini_batches_take_one_optimizer_step_each_and_recompute_starts_at_ratio
     overrides = ["trainer.ppo_epochs=2", "trainer.mini_batches=2", "trainer.micro_batch_size=1", SHAPED_REWARD]
     trainer = trainer_for(debug_config(cache_dir, tmp_path, *overrides, "algo.old_logprobs=recompute"))
     calls = record_loss_calls(trainer)
-    _, trajs = trainer.sample_groups()
+    _, trajs = trainer.sampler.groups()
     assert len(trajs) == 4
     learn(trainer, trajs)
     steps = {int(state["step"]) for state in trainer.learner.optimizer.state.values()}
@@ -161,7 +161,7 @@ def test_mini_batches_take_one_optimizer_step_each_and_recompute_starts_at_ratio
 def test_trainer_micro_batches_give_the_mini_batch_gradient(cache_dir, tmp_path):
     cfg = debug_config(cache_dir, tmp_path, "loss.beta=0", "loss.agg=token-mean", "trainer.max_grad_norm=1e9")
     trainer = trainer_for(cfg)
-    _, trajs = trainer.sample_groups()
+    _, trajs = trainer.sampler.groups()
     batch = collate(trajs, torch.tensor([1.0, -1.0, 0.5, -0.5]), trainer.tokenizer.pad_token_id)
     batch.is_weights = 0.5 + torch.rand(batch.mask.shape)
     rows = torch.tensor([3, 0, 2])  # one mini-batch of three trajectories
@@ -186,7 +186,7 @@ def test_trainer_micro_batches_give_the_mini_batch_gradient(cache_dir, tmp_path)
 
 def test_narrowed_micro_batches_score_every_action_token_as_the_whole_batch_does(cache_dir, tmp_path):
     trainer = trainer_for(debug_config(cache_dir, tmp_path, "loss.beta=0", "rollout.group_size=4"))
-    trajs = trainer.rollout(trainer.tasks.tasks[:3], 4, 1.0)  # 12 trajectories of three prompts
+    trajs = trainer.sampler.rollout(trainer.sampler.tasks.tasks[:3], 4, 1.0)  # 12 trajectories of three prompts
     batch = collate(trajs, torch.zeros(len(trajs)), trainer.tokenizer.pad_token_id)
     whole = token_logprobs(trainer.policy, batch, trainer.learner.sampling).detach()  # [12, T]
     micros = micro_batches(batch, torch.arange(len(trajs)), 4)
@@ -204,7 +204,7 @@ def test_prompt_shared_forward_gives_the_plain_forwards_logits_and_gradients(cac
     """Three prompts of different lengths, four rows each: every prompt is encoded once, and every logit a
     caller reads (from the last prompt token on) and every gradient equal the plain forward's."""
     trainer = trainer_for(debug_config(cache_dir, tmp_path, "loss.beta=0", "rollout.group_size=4"))
-    trajs = trainer.rollout(trainer.tasks.tasks[:3], 4, 1.0)  # 12 trajectories of three prompts
+    trajs = trainer.sampler.rollout(trainer.sampler.tasks.tasks[:3], 4, 1.0)  # 12 trajectories of three prompts
     batch = collate(trajs, torch.zeros(len(trajs)), trainer.tokenizer.pad_token_id)
     assert len(set(batch.prompt_lengths.tolist())) > 1
     keep = batch.input_ids.shape[1] - batch.start
@@ -255,7 +255,7 @@ def plain_logits(model, input_ids, attention_mask, keep):
 
 def test_entropy_is_the_policys_mean_over_action_tokens(cache_dir, tmp_path):
     trainer = trainer_for(debug_config(cache_dir, tmp_path, "loss.beta=0", "rollout.temperature=0.8"))
-    _, trajs = trainer.sample_groups()
+    _, trajs = trainer.sampler.groups()
     batch = collate(trajs, torch.zeros(len(trajs)), trainer.tokenizer.pad_token_id)
     trainer.policy.train()
     with torch.no_grad():
@@ -272,7 +272,7 @@ def test_token_rollout_is_weights_reach_the_loss_capped(cache_dir, tmp_path):
     overrides.append("algo.guide=false")  # four sampled trajectories, no replayed reference among them
     trainer = trainer_for(debug_config(cache_dir, tmp_path, *overrides, "algo.rollout_is_threshold=1.5"))
     calls = record_loss_calls(trainer)
-    _, trajs = trainer.sample_groups()
+    _, trajs = trainer.sampler.groups()
     shift_sampler_logprobs(trajs, [1.0, -0.2, 0.0, 0.0])  # ratios about e (capped at 1.5), e^-0.2, 1, 1
     sampler_logp = collate(trajs, torch.zeros(4), trainer.tokenizer.pad_token_id).old_logp
     metrics = learn(trainer, trajs)
@@ -292,7 +292,7 @@ def test_sequence_rollout_is_masks_exactly_the_out_of_range_trajectories(cache_d
     overrides.append("algo.guide=false")  # four sampled trajectories, no replayed reference among them
     trainer = trainer_for(debug_config(cache_dir, tmp_path, *overrides))  # threshold 2: keep [0.5, 2]
     calls = record_loss_calls(trainer)
-    _, trajs = trainer.sample_groups()
+    _, trajs = trainer.sampler.groups()
     for traj, shift in zip(trajs, [0.8, -0.6, 0.6, -0.8]):  # sequence ratios about e^0.8, e^-0.6, e^0.6, e^-0.8
         first = traj.action_mask.index(1)
         traj.sampler_logprobs[first] -= shift
@@ -321,7 +321,7 @@ def test_dynamic_sampling_drops_tied_groups_counts_them_and_refills(cache_dir, t
     trainer = trainer_for(debug_config(cache_dir, tmp_path, *overrides))
     # two groups of two per round: (tied, differs), (tied, tied), (differs, tied)
     scripted_rewards(monkeypatch, [[1, 1, 0, 1], [0, 0, 2, 2], [0.5, 1, 3, 3]])
-    sampled, kept = trainer.sample_groups()
+    sampled, kept = trainer.sampler.groups()
     assert len(sampled) == 12
     assert [id(t) for t in kept] == [id(t) for t in sampled[2:4] + sampled[8:10]]
     assert group_metrics(sampled, kept, 2) == {
@@ -331,7 +331,7 @@ def test_dynamic_sampling_drops_tied_groups_counts_them_and_refills(cache_dir, t
 
     trainer.cfg.algo.max_resample_rounds = 0  # drop only: the batch ends short
     scripted_rewards(monkeypatch, [[1, 1, 0, 1]])
-    sampled, kept = trainer.sample_groups()
+    sampled, kept = trainer.sampler.groups()
     assert [id(t) for t in kept] == [id(t) for t in sampled[2:4]]
 
 
@@ -342,7 +342,7 @@ def test_guidance_replaces_one_member_of_each_group_that_failed_and_starts_it_at
     cfg = debug_config(cache_dir, tmp_path, *GUIDED, "loss.beta=0")
     trainer = trainer_for(cfg)
     size = cfg.rollout.group_size
-    sampled, kept = trainer.sample_groups()
+    sampled, kept = trainer.sampler.groups()
     # the untrained debug model solves nothing: every group ties at 0, and a reference that states the gt earns 1
     assert not any(t.off_policy or t.reward for t in sampled)
     groups = [sampled[start : start + size] for start in range(0, len(sampled), size)]
@@ -363,13 +363,13 @@ def test_guidance_replaces_one_member_of_each_group_that_failed_and_starts_it_at
 def test_guidance_leaves_a_group_whose_rewards_differ_as_it_was(cache_dir, tmp_path, monkeypatch):
     trainer = trainer_for(debug_config(cache_dir, tmp_path, *GUIDED, "loss.beta=0"))
     scripted_rewards(monkeypatch, [[0, 1, 0, 0], [1]])  # (differs, tied), then the reference of the tied group
-    sampled, kept = trainer.sample_groups()
+    sampled, kept = trainer.sampler.groups()
     assert [id(t) for t in kept[:3]] == [id(t) for t in sampled[:3]] and kept[3].off_policy
 
 
 def reference_task(trainer: Trainer, **changes) -> Task:
     """A training task with a tool call in its reference, with `changes` applied to a copy."""
-    task = next(t for t in trainer.tasks.tasks if t.expected_tool_calls == 1)
+    task = next(t for t in trainer.sampler.tasks.tasks if t.expected_tool_calls == 1)
     return dataclasses.replace(task, **changes)
 
 
@@ -398,9 +398,9 @@ def test_only_a_reference_that_replays_as_written_guides(cache_dir, tmp_path):
     broken = [{**task.reference[0], "tool_calls": [rejected]}, *task.reference[1:]]
     assert replayed_in_slot(trainer, reference_task(trainer, reference=broken), 3) is None
     # a reference that runs past a turn limit, and none at all
-    trainer.limits.max_new_tokens = 4
+    trainer.sampler.limits.max_new_tokens = 4
     assert replayed_in_slot(trainer, task, 3) is None
-    trainer.limits.max_new_tokens = 96
+    trainer.sampler.limits.max_new_tokens = 96
     assert replayed_in_slot(trainer, reference_task(trainer, reference=[]), 3) is None
     # an answer that starts with a line break: the render merges it with the generation prompt's, but the tokens a
     # model writes after that prompt are split from the text (assistant_turn), so it replays as written
@@ -412,7 +412,7 @@ def test_only_a_reference_that_replays_as_written_guides(cache_dir, tmp_path):
 def test_a_replayed_reference_pays_no_kl_in_the_reward_and_no_sampler_correction(cache_dir, tmp_path):
     overrides = ("algo.kl_in_reward=true", "algo.kl_coef=1.0", "algo.old_logprobs=recompute", "algo.rollout_is=token")
     trainer = trainer_for(debug_config(cache_dir, tmp_path, *GUIDED, *overrides))
-    _, kept = trainer.sample_groups()
+    _, kept = trainer.sampler.groups()
     replayed = [t.off_policy for t in kept]
     assert any(replayed) and not all(replayed)
     batch = collate(kept, torch.zeros(len(kept)), trainer.tokenizer.pad_token_id)
@@ -435,7 +435,7 @@ def test_a_round_larger_than_the_batch_keeps_the_first_groups_that_differ(cache_
     trainer = trainer_for(debug_config(cache_dir, tmp_path, *overrides))
     # one round of three groups of two: (differs, tied, differs); two groups kept, so no second round
     scripted_rewards(monkeypatch, [[0, 1, 1, 1, 1, 0]])
-    sampled, kept = trainer.sample_groups()
+    sampled, kept = trainer.sampler.groups()
     assert len(sampled) == 6
     assert [id(t) for t in kept] == [id(t) for t in sampled[0:2] + sampled[4:6]]
     assert len({t.task.id for t in sampled}) == 3  # three different tasks in the round
@@ -453,7 +453,7 @@ def test_a_step_whose_groups_all_tie_makes_no_update(cache_dir, tmp_path, monkey
 
 def test_overlong_mask_takes_truncated_trajectories_out_of_the_loss(cache_dir, tmp_path):
     trainer = trainer_for(debug_config(cache_dir, tmp_path, "algo.overlong=mask", "loss.beta=0"))
-    _, trajs = trainer.sample_groups()
+    _, trajs = trainer.sampler.groups()
     reasons = [TrajectoryEnd.TURN_TOKENS, TrajectoryEnd.ANSWER, TrajectoryEnd.TOKEN_BUDGET, TrajectoryEnd.MAX_TURNS]
     for traj, reason in zip(trajs, reasons):
         traj.finish_reason = reason

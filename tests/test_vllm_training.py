@@ -42,8 +42,8 @@ def test_the_sync_check_warns_on_the_step_whose_vllm_sync_was_skipped_and_only_t
     cfg = debug_config(cache_dir, tmp_path, *overrides, SHAPED_REWARD, "loss.beta=0")
     console = Console(record=True, width=400)
     trainer = Trainer(cfg, model_path(cfg, Console(quiet=True)), console)
-    sync = trainer.engine.sync_weights
-    trainer.engine.sync_weights = lambda model: None if trainer.step == SKIPPED else sync(model)
+    sync = trainer.sampler.engine.sync_weights
+    trainer.sampler.engine.sync_weights = lambda model: None if trainer.step == SKIPPED else sync(model)
     metrics = []
     for step in range(1, cfg.trainer.steps + 1):
         trainer.step = step

@@ -40,7 +40,8 @@ def step_seconds(schedule: str, latency: float, steps: int, scratch: Path) -> di
         cfg = to_config(compose("config", overrides=overrides))
     cfg.output_dir = str(scratch / f"{schedule}-{latency}")
     trainer = Trainer(cfg, model_path(cfg, Console(stderr=True)), Console(quiet=True))
-    trainer.executor.tools = {name: delayed(tool, latency) for name, tool in trainer.executor.tools.items()}
+    executor = trainer.sampler.executor
+    executor.tools = {name: delayed(tool, latency) for name, tool in executor.tools.items()}
     rows = []
     for step in range(1, steps + 1):
         trainer.step = step
