@@ -14,6 +14,7 @@ checkpointing (OUT_DIR/checkpointed.pt) and with LoRA adapters (OUT_DIR/lora.pt)
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from minirl.algos.losses import AGGREGATIONS
@@ -122,30 +124,36 @@ def run(parallel: Parallel, agg: str, data: PolicyBatch) -> dict:
     return {"grads": grads, "weights": full_weights(parallel), "metrics": metrics}
 
 
+def compared(strategy: str, agg: str, data: PolicyBatch, world: World) -> dict:
+    """One agg mode's results (rank 0's are saved). The wrapped models live only inside this call, so none outlives
+    the process group: a DDP reducer freed after it blocks in gloo's destructor with the GIL held (World.close)."""
+    single = run(Parallel(policy(), World()), agg, data)
+    spread = run(STRATEGIES.get(strategy)(policy(), world), agg, data)
+    summed = STRATEGIES.get(strategy)(policy(), world)
+    if strategy == "ddp":  # all-reduce without the division by the world size
+        summed.trained.register_comm_hook(None, lambda _, bucket: allreduce_sum(bucket))
+    else:
+        for unit in summed.trained.modules():  # every layer and the root
+            if isinstance(unit, FSDPModule):
+                unit.set_gradient_divide_factor(1.0)
+                unit.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
+    unreduced = STRATEGIES.get(strategy)(policy(), world)
+    if strategy == "ddp":  # MiniMind's bug: the forward skips DDP, whose hooks then never fire
+        unreduced.trained, unreduced.gradient_sync = unreduced.full, lambda enabled: contextlib.nullcontext()
+    result = {
+        "single": single, "spread": spread, "summed": run(summed, agg, data)["grads"],
+        "unreduced": run(unreduced, agg, data)["grads"] if strategy == "ddp" else None,
+    }  # fmt: skip
+    result["unreduced"] = world.gather(result["unreduced"])
+    return result
+
+
 def main(strategy: str, out_dir: Path) -> None:
     world = World.from_env(torch.device("cpu"))
     data = batch()
     for agg in AGGREGATIONS.names():
-        single = run(Parallel(policy(), World()), agg, data)
-        spread = run(STRATEGIES.get(strategy)(policy(), world), agg, data)
-        summed = STRATEGIES.get(strategy)(policy(), world)
-        if strategy == "ddp":  # all-reduce without the division by the world size
-            summed.trained.register_comm_hook(None, lambda _, bucket: allreduce_sum(bucket))
-        else:
-            for unit in summed.trained.modules():  # every layer and the root
-                if isinstance(unit, FSDPModule):
-                    unit.set_gradient_divide_factor(1.0)
-                    unit.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
-        unreduced = STRATEGIES.get(strategy)(policy(), world)
-        if strategy == "ddp":  # MiniMind's bug: the forward skips DDP, whose hooks then never fire
-            unreduced.trained, unreduced.gradient_sync = unreduced.full, lambda enabled: contextlib.nullcontext()
-        result = {
-            "single": single, "spread": spread, "summed": run(summed, agg, data)["grads"],
-            "unreduced": run(unreduced, agg, data)["grads"] if strategy == "ddp" else None,
-        }  # fmt: skip
-        gathered = world.gather(result["unreduced"])
+        result = compared(strategy, agg, data, world)
         if world.is_main:
-            result["unreduced"] = gathered
             torch.save(result, out_dir / f"{agg}.pt")
     for variant in ("checkpointed", "lora"):
         single = run(Parallel(policy(variant), World()), "token-mean", data)
@@ -153,6 +161,8 @@ def main(strategy: str, out_dir: Path) -> None:
         if world.is_main:
             torch.save({"single": single, "spread": spread}, out_dir / f"{variant}.pt")
     world.close()
+    # no wrapper outlived the group: a reducer freed after it would block in gloo's destructor at this exit
+    assert not [obj for obj in gc.get_objects() if isinstance(obj, DistributedDataParallel)]
 
 
 def allreduce_sum(bucket) -> torch.futures.Future:

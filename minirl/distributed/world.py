@@ -9,8 +9,10 @@ identity. The backend follows the device: NCCL on CUDA, gloo on CPU.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -83,9 +85,17 @@ class World:
 
     def close(self, failed: BaseException | None = None) -> None:
         """Leave the process group once the run is over; after this rank `failed`, at once (the others may be
-        waiting in a collective) and saying on stderr which rank failed and why."""
+        waiting in a collective) and saying on stderr which rank failed and why. Release the wrapped models
+        (DistributedDataParallel) before: one that outlives the group can hang this process at its exit."""
         if self.size == 1 or not dist.is_initialized():
             return
+        # Wrapped models go now, while the group lives: a DDP reducer (it holds the group) freed after
+        # destroy_process_group runs gloo's destructor, which joins its worker threads with the GIL held while a
+        # worker may need the GIL to free a finished work's tensors (a hang, or SIGABRT at exit). Those left are
+        # in reference cycles, or in the frames of the failed call (its locals; the traceback keeps its lines).
+        if failed is not None:
+            traceback.clear_frames(failed.__traceback__)
+        gc.collect()
         if failed is None:
             dist.barrier()  # no rank leaves while another still has work in flight
         else:
