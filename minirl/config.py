@@ -420,6 +420,10 @@ class AlgoConfig:
     # the last sample is replaced by that reference, played through the agent loop; a task without a reference,
     # or whose reference does not replay as written (a limit, a rejected call), and groups of one are left as is
     guide: bool = True
+    # guidance also in a group whose rewards differ, where at most this share of it earns what the reference does
+    # (its last sample replaced where it earns less); 0: only groups whose rewards all tie. Above 0 every group's
+    # reference is replayed each round
+    guide_solved_share: float = 0.0
     prompts_per_round: int = 0  # prompts each round rolls out (verl's gen_batch_size); 0 = trainer.prompts_per_step
     # trajectories cut by rollout.max_new_tokens or rollout.max_total_tokens: off | mask (no loss) | penalty
     # (DAPO's soft overlong punishment: from overlong_buffer tokens before the nearer limit down to -overlong_penalty)
@@ -434,6 +438,11 @@ class AlgoConfig:
         _check(self.adv_eps >= 0, "algo.adv_eps", "must be >= 0")
         _check(self.max_staleness >= 0, "algo.max_staleness", f"must be >= 0, got {self.max_staleness}")
         _check(self.kl_coef >= 0, "algo.kl_coef", f"must be >= 0, got {self.kl_coef}")
+        _check(
+            0 <= self.guide_solved_share < 1,
+            "algo.guide_solved_share",
+            f"must be in [0, 1), got {self.guide_solved_share}",
+        )
         _check(
             self.rollout_is is RolloutIS.off or self.old_logprobs is OldLogprobs.recompute,
             "algo.rollout_is",

@@ -367,6 +367,20 @@ def test_guidance_leaves_a_group_whose_rewards_differ_as_it_was(cache_dir, tmp_p
     assert [id(t) for t in kept[:3]] == [id(t) for t in sampled[:3]] and kept[3].off_policy
 
 
+# a quarter of group 0 solves its task, three quarters of group 1: under 0.75 group 1 stays as it is all the same,
+# since its one failure replaced by the reference would leave a group that ties
+@pytest.mark.parametrize(("share", "guided"), [(0.2, False), (0.25, True), (0.75, True)])
+def test_guidance_reaches_a_group_that_rarely_solves_its_task_under_guide_solved_share(
+    cache_dir, tmp_path, monkeypatch, share, guided
+):
+    overrides = (*GUIDED, "loss.beta=0", "rollout.group_size=4", f"algo.guide_solved_share={share}")
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, *overrides))
+    scripted_rewards(monkeypatch, [[1, 0, 0, 0, 1, 1, 1, 0], [1], [1]])  # the round, then each group's reference
+    sampled, kept = trainer.sampler.groups()
+    assert [t.off_policy for t in kept] == [False] * 3 + [guided] + [False] * 4
+    assert all(k is s for k, s in zip(kept, sampled) if not k.off_policy)
+
+
 def reference_task(trainer: Trainer, **changes) -> Task:
     """A training task with a tool call in its reference, with `changes` applied to a copy."""
     task = next(t for t in trainer.sampler.tasks.tasks if t.expected_tool_calls == 1)

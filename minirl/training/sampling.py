@@ -56,7 +56,7 @@ class Sampler:
         size = self.cfg.rollout.group_size
         return collect_groups(
             rollout=lambda: gathered(self.world, self.scored_round()),
-            guide=lambda trajs: guided(trajs, size, self.reference_answer),
+            guide=lambda trajs: guided(trajs, size, self.reference_answer, self.cfg.algo.guide_solved_share),
             group_size=size,
             prompts_per_step=self.cfg.trainer.prompts_per_step,
             algo=self.cfg.algo,

@@ -45,20 +45,32 @@ def punish_overlong(trajs: list[Trajectory], rollout: RolloutConfig, algo: AlgoC
 
 
 def guided(
-    trajs: list[Trajectory], group_size: int, reference: Callable[[Trajectory], Trajectory | None]
+    trajs: list[Trajectory],
+    group_size: int,
+    reference: Callable[[Trajectory], Trajectory | None],
+    solved_share: float = 0.0,
 ) -> list[Trajectory]:
     """trajs with the last member of each group whose rewards all tie replaced by `reference(last member)`, the
     task's reference answer replayed and scored (`replayed`), where that earns more than the group:
     off-policy guidance (docs/algorithms.md). The group then has something to teach, however rarely the
-    policy solves the task."""
+    policy solves the task. With `solved_share` > 0 (algo.guide_solved_share) a group whose rewards differ is
+    guided too where at most that share of it earns what the reference does, its last member earns less and
+    another member does too (a group the reference would make tie teaches nothing)."""
     out = list(trajs)
     if group_size < 2:  # a group of one has no sample to compare the reference with
         return out
-    tied = tied_groups(torch.tensor([t.reward for t in trajs]), group_size)  # [groups]
-    for group in tied.nonzero().flatten().tolist():
+    rewards = torch.tensor([t.reward for t in trajs])  # [N]
+    tied = tied_groups(rewards, group_size)  # [groups]
+    by_group = rewards.view(-1, group_size)  # [groups, group_size]
+    candidates = range(len(tied)) if solved_share > 0 else tied.nonzero().flatten().tolist()
+    for group in candidates:
         last = trajs[group * group_size + group_size - 1]
         guide = reference(last)
-        if guide is not None and guide.reward > last.reward:
+        if guide is None or guide.reward <= last.reward:
+            continue
+        below = by_group[group] < guide.reward  # [group_size]; all of a tied group below the reference
+        # guided, the group must still differ: another member below the reference stays
+        if below.sum() >= 2 and 1 - below.float().mean() <= solved_share:
             out[group * group_size + group_size - 1] = guide
     return out
 
