@@ -366,6 +366,10 @@ class LossConfig:
     # the constant divisor of seq-mean-token-sum-norm (Dr. GRPO); 0 = rollout.max_turns * rollout.max_new_tokens,
     # the most tokens one trajectory can sample (set by Config)
     max_tokens_norm: int = 0
+    # weight of a supervised term: the negative log-likelihood of each replayed reference answer's action tokens
+    # (algo.guide), aggregated as agg over the whole batch, so a reference row weighs as one more unit of
+    # advantage would at ratio 1, without the clip (SRFT, ReLIFT); 0 = the references learn by their advantage only
+    reference_nll: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.clip_low >= 0, "loss.clip_low", f"must be >= 0, got {self.clip_low}")
@@ -377,6 +381,7 @@ class LossConfig:
         )
         _check(self.beta >= 0, "loss.beta", f"must be >= 0, got {self.beta}")
         _check(self.max_tokens_norm >= 0, "loss.max_tokens_norm", f"must be >= 0, got {self.max_tokens_norm}")
+        _check(self.reference_nll >= 0, "loss.reference_nll", f"must be >= 0, got {self.reference_nll}")
 
 
 class OldLogprobs(str, Enum):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from minirl.algos.advantages import ADV_ESTIMATORS, GROUP_BASELINE, grpo_advantages
 from minirl.algos.kl import KL_ESTIMATORS, sequence_kl
-from minirl.algos.losses import AGGREGATIONS, LOSSES, LossOut, aggregate
+from minirl.algos.losses import AGGREGATIONS, LOSSES, LossOut, aggregate, reference_nll
 from minirl.errors import ConfigError
 
 pytestmark = pytest.mark.fast
@@ -442,6 +442,29 @@ def test_on_policy_every_loss_is_reinforce(agg):
         assert torch.allclose(lp.grad, expected, rtol=0, atol=1e-14), name
         assert out.metrics["loss/clip_frac"].item() == 0.0
         assert out.metrics["loss/ratio_mean"].item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_reference_nll_weighs_a_replayed_row_as_one_more_unit_of_advantage(agg):
+    # at ratio 1, loss + c * reference_nll has the gradient of the loss with c added to the replayed rows' advantages
+    logp = torch.tensor(NEW, dtype=F64)
+    adv, mask, cfg = torch.tensor(ADV, dtype=F64), torch.tensor(LMASK, dtype=F64), Cfg(agg=agg)
+    replayed = torch.tensor([0.0, 1.0, 0.0], dtype=F64)
+    for name in ("grpo", "cispo", "gspo"):
+        lp, shifted = logp.clone().requires_grad_(True), logp.clone().requires_grad_(True)
+        (
+            LOSSES.get(name)(lp, logp, None, adv, mask, cfg).loss + 0.5 * reference_nll(lp, mask, replayed, cfg)
+        ).backward()
+        LOSSES.get(name)(shifted, logp, None, adv + 0.5 * replayed, mask, cfg).loss.backward()
+        assert torch.allclose(lp.grad, shifted.grad, rtol=0, atol=1e-14), name
+    # by hand: the replayed row's NLL (4 tokens) over 7 tokens, 2 trajectories, or 2 trajectories x C = 6
+    row_nll = -sum(NEW[1])
+    by_hand = {
+        "token-mean": row_nll / 7,
+        "seq-mean-token-mean": row_nll / 4 / 2,
+        "seq-mean-token-sum-norm": row_nll / 12,
+    }
+    assert reference_nll(logp, mask, replayed, cfg).item() == pytest.approx(by_hand[agg], rel=1e-12)
 
 
 @pytest.mark.parametrize("name", ["grpo", "cispo", "gspo"])

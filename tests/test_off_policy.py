@@ -240,6 +240,7 @@ def test_overlong_penalty_is_dapos_soft_punishment():
         (["algo.overlong=penalty", "algo.overlong_buffer=96"], "algo.overlong_buffer: must be < rollout.max_new"),
         (["algo.overlong_penalty=-1"], "algo.overlong_penalty"),
         (["algo.guide_solved_share=1.0"], r"algo.guide_solved_share: must be in \[0, 1\)"),
+        (["loss.reference_nll=-1"], "loss.reference_nll: must be >= 0, got -1"),
         (["trainer.mini_batches=0"], "trainer.mini_batches: must be > 0"),
         (["trainer.mini_batches=113"], "trainer.mini_batches: must be <= 112"),  # 14 prompts x 8 samples
     ],

@@ -360,6 +360,28 @@ def test_guidance_replaces_one_member_of_each_group_that_failed_and_starts_it_at
     assert metrics["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-4) and metrics["adv/max"] > 0
 
 
+def test_reference_nll_is_the_replayed_answers_likelihood_and_moves_the_update(cache_dir, tmp_path):
+    one_step = (*GUIDED, "loss.beta=0", "trainer.ppo_epochs=1", "trainer.mini_batches=1")
+    trainer = trainer_for(debug_config(cache_dir, tmp_path, *one_step, "loss.reference_nll=2.0"))
+    _, kept = trainer.sampler.groups()
+    replayed_rows = torch.tensor([t.off_policy for t in kept])  # [N]
+    assert 0 < replayed_rows.sum() < len(kept)
+    batch, _ = trainer.advantages(kept)
+    policy = trainer.learner.policy.eval()
+    logp = trainer.learner.logprobs(policy, batch, [torch.arange(len(kept))])  # [N, T], before the update
+    per_row = -(logp * batch.mask).sum(dim=1) / batch.mask.sum(dim=1)  # [N] token-mean NLL
+    expected = per_row[replayed_rows].sum() / (batch.mask.sum(dim=1) > 0).sum()  # seq-mean-token-mean
+    metrics = trainer.update(batch, kept)
+    assert metrics["loss/reference_nll"] == pytest.approx(expected.item(), rel=1e-4)
+    moved = [p.detach().clone() for p in policy.parameters()]
+
+    # the same batch from the same weights without the term: another update, and no such metric
+    plain = trainer_for(debug_config(cache_dir, tmp_path, *one_step))
+    batch, _ = plain.advantages(kept)
+    assert "loss/reference_nll" not in plain.update(batch, kept)
+    assert any(not torch.equal(a, b) for a, b in zip(moved, plain.learner.policy.parameters()))
+
+
 def test_guidance_leaves_a_group_whose_rewards_differ_as_it_was(cache_dir, tmp_path, monkeypatch):
     trainer = trainer_for(debug_config(cache_dir, tmp_path, *GUIDED, "loss.beta=0"))
     scripted_rewards(monkeypatch, [[0, 1, 0, 0], [1]])  # (differs, tied), then the reference of the tied group

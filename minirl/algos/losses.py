@@ -187,6 +187,18 @@ def _finish(
     return LossOut(loss=aggregate(per_token, mask, cfg.agg, cfg.max_tokens_norm), metrics=metrics)
 
 
+def reference_nll(
+    logp: Tensor,  # [B, T] log pi_theta(token)
+    mask: Tensor,  # [B, T] float, 1 = an action token
+    replayed: Tensor,  # [B] 1.0 for a replayed reference answer, else 0.0
+    cfg: LossSettings,
+) -> Tensor:  # []
+    """The supervised term of loss.reference_nll: the reference rows' negative log-likelihood, aggregated as
+    cfg.agg over every row (a sampled row adds 0), so that it splits into micro-batches as the loss does and a
+    reference row weighs what one more unit of its advantage would at ratio 1."""
+    return aggregate(-logp * replayed.unsqueeze(1), mask, cfg.agg, cfg.max_tokens_norm)
+
+
 def _ppo_clip(
     ratio: Tensor,  # [B, T] importance ratio pi_theta / pi_old (carries the gradient)
     a: Tensor,  # [B, 1] advantages

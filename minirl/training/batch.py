@@ -32,6 +32,7 @@ class PolicyBatch:
     prompt_lengths: torch.Tensor  # [N] tokens of each row's prompt (a group's rows share theirs)
     ref_logp: torch.Tensor | None = None  # [N, L - 1 - start] frozen reference's log-probs; None without one
     is_weights: torch.Tensor | None = None  # [N, L - 1 - start] rollout IS weights (algo.rollout_is=token); None = 1
+    replayed: torch.Tensor | None = None  # [N] 1.0 for a replayed reference answer (algo.guide), else 0.0
 
     def _map(self, fn) -> PolicyBatch:
         tensors = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "start"}

@@ -23,7 +23,7 @@ from statistics import fmean
 import torch
 
 from minirl.algos.dapo import truncated
-from minirl.algos.losses import LOSSES, micro_batch_share
+from minirl.algos.losses import LOSSES, micro_batch_share, reference_nll
 from minirl.algos.rollout_correction import rollout_correction
 from minirl.config import AlgoConfig, LossConfig, LRSchedule, OldLogprobs, Overlong, TrainerConfig
 from minirl.distributed.strategies import Parallel
@@ -126,7 +126,12 @@ class PolicyOptimizer:
                     logp, micro.old_logp, micro.ref_logp, micro.advantages, micro.mask, self.loss_cfg,
                     is_weights=micro.is_weights,
                 )  # fmt: skip
-                loss = out.loss * math.nan if poisoned else out.loss
+                loss = out.loss
+                if self.loss_cfg.reference_nll > 0:
+                    nll = reference_nll(logp, micro.mask, micro.replayed, self.loss_cfg)
+                    loss = loss + self.loss_cfg.reference_nll * nll
+                    out.metrics["loss/reference_nll"] = nll.detach()
+                loss = loss * math.nan if poisoned else loss
                 (loss * share * world.size).backward()  # the ranks' gradients are averaged
             for key, value in out.metrics.items():  # on the device: one transfer for the mini-batch, below
                 sums[key] = sums.get(key, 0.0) + value.detach() * share
@@ -177,6 +182,7 @@ def prepare_batch(
         cut = torch.tensor([truncated(t) for t in trajs])  # [N]
         batch = replace(batch, mask=batch.mask * ~cut.unsqueeze(1))
     replayed = torch.tensor([t.off_policy for t in trajs]).unsqueeze(1)  # [N, 1]
+    batch = replace(batch, replayed=replayed.flatten().float())
     if algo.old_logprobs is OldLogprobs.sampler:
         if replayed.any():
             learner.policy.eval()
