@@ -79,7 +79,7 @@ def test_retool_paper_trains_with_retools_algorithm(tmp_path):
     assert (cfg.loss.name, cfg.loss.clip_low, cfg.loss.clip_high, cfg.loss.beta) == ("grpo", 0.2, 0.28, 0.0)
     assert not cfg.algo.kl_in_reward  # and beta 0: the trainer loads no reference model
     assert (cfg.trainer.ppo_epochs, cfg.trainer.mini_batches) == (1, 1) and not cfg.algo.dynamic_sampling
-    assert not cfg.algo.guide
+    assert not cfg.algo.guide and cfg.loss.reference_nll == 0
     advantages = ADV_ESTIMATORS.get(cfg.algo.adv_estimator)(torch.tensor([1.0, -1.0, -1.0, -1.0]), 4, cfg.algo.adv_eps)
     assert advantages.tolist() == [1.5, -0.5, -0.5, -0.5]  # r - mean(r) = r + 0.5, not divided by the std
     assert cfg.protocol.observation_cut is ObservationCut.tail
@@ -87,7 +87,8 @@ def test_retool_paper_trains_with_retools_algorithm(tmp_path):
 
 @pytest.mark.fast
 def test_the_retool_recipe_departs_from_retools_algorithm_only_where_it_says(tmp_path):
-    """experiment=retool is retool_paper plus a KL term, guidance, and the lr schedule and steps that go with them."""
+    """experiment=retool is retool_paper plus a KL term, guidance learned with a supervised term, and the lr
+    schedule and steps that go with them."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         recipe, paper = (
@@ -95,8 +96,9 @@ def test_the_retool_recipe_departs_from_retools_algorithm_only_where_it_says(tmp
             for name in ("retool", "retool_paper")
         )
     departures = {key for key in recipe if recipe[key] != paper[key]}
-    assert departures == {"loss.beta", "algo.guide", "trainer.lr", "trainer.warmup_steps", "trainer.steps"}
-    assert (recipe["loss.beta"], recipe["algo.guide"]) == (0.02, True)
+    guidance = {"algo.guide", "algo.guide_solved_share", "loss.reference_nll"}
+    assert departures == {"loss.beta", *guidance, "trainer.lr", "trainer.warmup_steps", "trainer.steps"}
+    assert (recipe["loss.beta"], recipe["algo.guide"], recipe["loss.reference_nll"]) == (0.02, True, 20.0)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
