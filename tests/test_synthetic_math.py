@@ -15,7 +15,7 @@ from minirl.data.generation import prompt_text
 from minirl.data.synthetic_math import GENERATOR, NO_TOOL_GENERATOR, NO_TOOL_SYSTEM_PROMPT, SYSTEM_PROMPT
 from minirl.data.task import task_from_row
 from minirl.errors import ConfigError
-from minirl.tools import ToolExecutor, build_tools
+from minirl.tools import ToolExecutor
 from minirl.tools.base import ToolCall
 from minirl.training.sft import sft_examples
 
@@ -131,7 +131,7 @@ def test_reference_tool_messages_and_answers_are_what_the_real_tool_prints(rl_ta
     sample = hardest + rl_tasks[:6]
     tools_cfg = compose_config(tmp_path, tmp_path, "experiment=retool").tools
     assert tools_cfg.names == ["code_interpreter"]
-    executor = ToolExecutor(build_tools(tools_cfg.names, tools_cfg), tools_cfg.timeout_s, tools_cfg.max_output_chars)
+    executor = ToolExecutor.from_config(tools_cfg)
     calls = [task.reference[0]["tool_calls"][0] for task in sample]
     results = executor.execute_many(
         [ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
