@@ -65,6 +65,7 @@ $(VENV)/.bench-installed: pyproject.toml | $(SETUP)
 
 bench: $(SETUP) $(if $(SETUP),$(VENV)/.bench-installed) ## minirl against TRL's GRPOTrainer and the raw floors; prefill against turns; rollouts against tool latency; steps against group size and length; one step off against tool latency: tables, JSON, PNGs (experiments/bench/results)
 	$(PYTHON) experiments/bench/run.py
+	$(PYTHON) experiments/bench/run.py --bf16
 	$(PYTHON) experiments/bench/turns.py
 	$(PYTHON) experiments/bench/tool_latency.py
 	$(PYTHON) experiments/bench/scaling.py

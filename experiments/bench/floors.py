@@ -1,13 +1,14 @@
 """The raw floors of one step of the bench's single-turn work on this machine, in plain transformers/torch;
 prints them as JSON.
 
-    python experiments/bench/floors.py MODEL_DIR
+    python experiments/bench/floors.py MODEL_DIR [--bf16]
 
 - decode: one batched KV-cache sampling (`model.generate`) of PROMPTS x GROUP rows, exactly MAX_NEW_TOKENS each;
 - train: on the same rows (prompt + MAX_NEW_TOKENS tokens), one reference forward without gradients, then one
   policy forward, a token-mean log-prob loss, backward and an AdamW step.
 
-Each is timed REPEATS times after a warm-up; the medians are printed. No RL framework is below these.
+Each is timed REPEATS times after a warm-up; the medians are printed. No RL framework is below these. With
+--bf16 both run under bf16 autocast (the weights, gradients and AdamW state stay float32).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def timed(fn, repeats: int = REPEATS) -> float:
 
 def main() -> None:
     model_dir = sys.argv[1]
+    precision = torch.autocast("cpu", torch.bfloat16, enabled="--bf16" in sys.argv[2:])
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     policy = AutoModelForCausalLM.from_pretrained(model_dir)
     reference = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -75,7 +77,8 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    decode_s, train_s = timed(decode), timed(train)
+    with precision:
+        decode_s, train_s = timed(decode), timed(train)
     tokens = {"rows": len(rows), "prompt_tokens": prompts["input_ids"].shape[1], "new_tokens": workload.MAX_NEW_TOKENS}
     print(json.dumps({"system": "floor", "decode_s": decode_s, "train_s": train_s, **tokens}))
 

@@ -2,12 +2,14 @@
 work measured in the same sitting (workload.py defines the work once; trl_grpo.py pins TRL's configuration,
 floors.py the plain-transformers floors).
 
-    python experiments/bench/run.py [--repeats 3] [--out experiments/bench/results]
+    python experiments/bench/run.py [--repeats 3] [--out experiments/bench/results] [--bf16]
 
 Every system runs in a process of its own, REPEATS times, alternating which goes first; a run's step time is
 the median of its steps 2..STEPS (step 1 warms up). Prints the machine and a table (median over the
 repeats, min-max in brackets, and the TRL/minirl ratio of each repeat's pair), and writes single_turn.json and
-single_turn.png to --out.
+single_turn.png to --out. Float32 throughout, minirl's default; --bf16 compares at TRL's default precision
+instead (TRL's bf16=True, which autocasts its sampling too; minirl's trainer.bf16_autocast=true, the update
+only; the floors under bf16 autocast) and writes single_turn_bf16.json and .png.
 """
 
 from __future__ import annotations
@@ -49,22 +51,22 @@ def _run(args: list[str]) -> str:
     return done.stdout
 
 
-def run_trl() -> dict:
-    steps = _json_line(_run(["trl_grpo.py", str(MODEL_DIR)]))["step_s"]
+def run_trl(precision: list[str]) -> dict:
+    steps = _json_line(_run(["trl_grpo.py", str(MODEL_DIR), *precision]))["step_s"]
     return {"step_s": statistics.median(steps[1:])}
 
 
-def run_minirl(scratch: Path) -> dict:
+def run_minirl(scratch: Path, precision: list[str]) -> dict:
     run_dir = scratch / f"minirl-{len(list(scratch.iterdir()))}"
     overrides = workload.minirl_overrides(MODEL_DIR, scratch / "tasks.jsonl", run_dir)
-    _run(["-m", "minirl.train", *overrides])
+    _run(["-m", "minirl.train", *overrides, *(["trainer.bf16_autocast=true"] if precision else [])])
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     timed = [row for row in rows if "time/step_s" in row][1:]
     return {key: statistics.median(row[f"time/{key}"] for row in timed) for key in ("step_s", "rollout_s", "update_s")}
 
 
-def run_floors() -> dict:
-    return _json_line(_run(["floors.py", str(MODEL_DIR)]))
+def run_floors(precision: list[str]) -> dict:
+    return _json_line(_run(["floors.py", str(MODEL_DIR), *precision]))
 
 
 def summary(values: list[float]) -> str:
@@ -99,8 +101,8 @@ def plot(results: dict, path: Path) -> None:
     ax.set_ylabel("seconds per step (median of steps 2-8; dots: each run)")
     ratio = statistics.median(results["ratio"])
     ax.set_title(
-        f"one GRPO step: 8 prompts x 4 samples, 64 new tokens, 6.4M Qwen2, {results['machine']['cores']} "
-        f"CPU cores\nTRL / minirl = {ratio:.2f}x (median of the repeats' ratios)",
+        f"one GRPO step, {results['precision']}: 8 prompts x 4 samples, 64 new tokens, 6.4M Qwen2\n"
+        f"{results['machine']['cores']} CPU cores; TRL / minirl = {ratio:.2f}x (median of the repeats' ratios)",
         fontsize=10,
     )
     ax.legend()
@@ -112,8 +114,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--bf16", action="store_true", help="both systems and the floors in bf16 autocast")
     args = parser.parse_args()
     console = Console(width=120)
+    precision, name = (["--bf16"], "single_turn_bf16") if args.bf16 else ([], "single_turn")
     workload.build_model(MODEL_DIR)
     info = {**machine(), "parameters": workload.parameters(MODEL_DIR)}
     console.print("machine and model: " + ", ".join(f"{k} {v}" for k, v in info.items()))
@@ -122,15 +126,17 @@ def main() -> None:
         workload.write_tasks(Path(scratch) / "tasks.jsonl")
         for repeat in range(args.repeats):
             order = ["trl", "minirl"] if repeat % 2 == 0 else ["minirl", "trl"]
-            run = {"floor": run_floors()}
+            run = {"floor": run_floors(precision)}
             for system in order:
-                run[system] = run_trl() if system == "trl" else run_minirl(Path(scratch))
+                run[system] = run_trl(precision) if system == "trl" else run_minirl(Path(scratch), precision)
             runs.append(run)
             console.print(f"repeat {repeat + 1}/{args.repeats}: " + json.dumps(run))
     ratio = [r["trl"]["step_s"] / r["minirl"]["step_s"] for r in runs]
     floor = [r["floor"]["decode_s"] + r["floor"]["train_s"] for r in runs]
-    results = {"machine": info, "runs": runs, "ratio": ratio}
-    table = Table(title=f"seconds per step, median over {args.repeats} alternating runs [min-max]")
+    results = {"machine": info, "precision": "bf16 autocast" if args.bf16 else "float32", "runs": runs, "ratio": ratio}
+    table = Table(
+        title=f"seconds per step ({results['precision']}), median over {args.repeats} alternating runs [min-max]"
+    )
     for column in ("system", "step", "sampling", "update", "vs minirl"):
         table.add_column(column)
     table.add_row("TRL GRPOTrainer", summary([r["trl"]["step_s"] for r in runs]), "", "", summary(ratio) + "x")
@@ -142,9 +148,9 @@ def main() -> None:
                   summary([f / r["minirl"]["step_s"] for f, r in zip(floor, runs)]) + "x")  # fmt: skip
     console.print(table)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "single_turn.json").write_text(json.dumps(results, indent=1) + "\n")
-    plot(results, args.out / "single_turn.png")
-    console.print(f"wrote {args.out / 'single_turn.json'} and {args.out / 'single_turn.png'}")
+    (args.out / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
+    plot(results, args.out / f"{name}.png")
+    console.print(f"wrote {args.out / name}.json and {args.out / name}.png")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """One TRL `GRPOTrainer` run of the bench's single-turn work (workload.py); prints its step times as JSON.
 
-    python experiments/bench/trl_grpo.py MODEL_DIR
+    python experiments/bench/trl_grpo.py MODEL_DIR [--bf16]
 
 The configuration is pinned here so the comparison cannot drift: the same model, prompts, group size,
 token limit, temperature, beta, learning rate (constant) and steps as minirl's run; one generation batch
 and one optimizer step per step, its fastest shape here (per-device batch 8 with 4 accumulation steps took
 3.1 s a step against 2.6 s); no gradient checkpointing, as minirl's default (TRL's default turns it on; on
 this model it changed the step by under 0.1 s); the loss averaged over tokens (TRL's "dapo", minirl's
-loss.agg=token-mean); the KL estimator k3 in both.
+loss.agg=token-mean); the KL estimator k3 in both. Float32 throughout, as minirl's default; with --bf16,
+TRL's default `bf16=True`: accelerate's bf16 autocast around the model's forward, sampling included.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def sum_reward(completions, answer, **kwargs) -> list[float]:
 
 def main() -> None:
     warnings.filterwarnings("ignore")
-    model_dir = sys.argv[1]
+    model_dir, bf16 = sys.argv[1], "--bf16" in sys.argv[2:]
     rows = workload.PROMPTS * workload.STEPS  # each step draws PROMPTS fresh prompts
     prompts = [[{"role": "user", "content": workload.QUESTIONS[i % workload.PROMPTS]}] for i in range(rows)]
     answers = [workload.ANSWERS[i % workload.PROMPTS] for i in range(rows)]
@@ -61,7 +62,7 @@ def main() -> None:
         loss_type="dapo",
         gradient_checkpointing=False,
         use_cpu=True,
-        bf16=False,
+        bf16=bf16,
         logging_steps=1,
         save_strategy="no",
         report_to="none",
