@@ -115,6 +115,15 @@ def test_success_shows_stdout_then_stderr(executor):
     assert call(executor, "x = 1") == ("ok", "[no output]")
 
 
+def test_the_code_runs_as_python_main_py_runs_it(executor):
+    """As `__main__` (its classes pickle by that module's name), with its own file name and nothing else in argv."""
+    code = (
+        "import pickle, sys\nclass Point:\n    x = 1\n"
+        "if __name__ == '__main__':\n    print(__file__, sys.argv, pickle.loads(pickle.dumps(Point())).x)"
+    )
+    assert call(executor, code) == ("ok", "main.py ['main.py'] 1\n")
+
+
 def test_exception_shows_stdout_then_the_traceback_of_the_models_code(executor):
     status, text = call(executor, "print('before')\n\n1 / 0")
     assert status == "error"

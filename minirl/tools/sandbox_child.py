@@ -34,7 +34,6 @@ import os
 import posix
 import re
 import resource
-import runpy
 import signal
 import sys
 import traceback
@@ -140,11 +139,10 @@ class _Libc:
 
     def __init__(self) -> None:
         import ctypes
-        import platform
 
         self.ctypes = ctypes
         self.libc = ctypes.CDLL(None, use_errno=True)
-        self.pivot_root_number = _PIVOT_ROOT.get(platform.machine())
+        self.pivot_root_number = _PIVOT_ROOT.get(os.uname().machine)
 
     def check(self, result: int, what: str) -> None:
         if result != 0:
@@ -344,6 +342,18 @@ def _load_what_packages_import() -> None:
     sys.modules["_posixsubprocess"] = stand_in
 
 
+def _run_script() -> None:
+    """`main.py` as `python main.py` runs it: in a fresh `__main__` module, with sys.argv == ['main.py'] (runpy would
+    cost each run a few milliseconds of importing pkgutil and typing)."""
+    main = types.ModuleType("__main__")
+    main.__file__, main.__cached__ = SCRIPT, None
+    sys.modules["__main__"] = main
+    sys.argv[:] = [SCRIPT]
+    with open(SCRIPT, "rb") as f:
+        code = compile(f.read(), SCRIPT, "exec")  # bytes: a coding declaration is honoured, as python does
+    exec(code, main.__dict__)
+
+
 def run_worker(limits: list[int], contained: bool, packages: dict) -> None:
     set_limits(*limits)
     readable = (*(os.path.realpath(p) for p in sys.path[1:]), *packages["trees"])  # no site-packages: -S
@@ -357,7 +367,7 @@ def run_worker(limits: list[int], contained: bool, packages: dict) -> None:
     signal.__dict__.pop("pidfd_send_signal", None)
     sys.addaudithook(Guard(os.path.realpath(os.getcwd()), readable=None if contained else readable))
     try:
-        runpy.run_path(SCRIPT, run_name="__main__")
+        _run_script()
     except SystemExit:
         raise
     except BaseException as err:  # the model's own error: show it as Python would
