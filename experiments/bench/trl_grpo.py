@@ -5,10 +5,11 @@
 The configuration is pinned here so the comparison cannot drift: the same model, prompts, group size,
 token limit, temperature, beta, learning rate (constant) and steps as minirl's run; one generation batch
 and one optimizer step per step, its fastest shape here (per-device batch 8 with 4 accumulation steps took
-3.1 s a step against 2.6 s); no gradient checkpointing, as minirl's default (TRL's default turns it on; on
-this model it changed the step by under 0.1 s); the loss averaged over tokens (TRL's "dapo", minirl's
-loss.agg=token-mean); the KL estimator k3 in both. Float32 throughout, as minirl's default; with --bf16,
-TRL's default `bf16=True`: accelerate's bf16 autocast around the model's forward, sampling included.
+3.1 s a step against 2.6 s on a slower day, 1.62 s against 1.64 s on a faster one); no gradient checkpointing,
+as minirl's default (TRL's default turns it on; on this model it changed the step by under 0.1 s); the loss
+averaged over tokens (TRL's "dapo", minirl's loss.agg=token-mean); the KL estimator k3 in both. Float32
+throughout, as minirl's default; with --bf16, TRL's default `bf16=True`: accelerate's bf16 autocast around the
+model's forward, sampling included.
 """
 
 from __future__ import annotations
