@@ -116,12 +116,14 @@ def test_success_shows_stdout_then_stderr(executor):
 
 
 def test_the_code_runs_as_python_main_py_runs_it(executor):
-    """As `__main__` (its classes pickle by that module's name), with its own file name and nothing else in argv."""
+    """As `__main__` (its classes pickle by that module's name), with its own file name and nothing else in argv,
+    and under no __future__ import of the sandbox's (annotations are evaluated)."""
     code = (
-        "import pickle, sys\nclass Point:\n    x = 1\n"
-        "if __name__ == '__main__':\n    print(__file__, sys.argv, pickle.loads(pickle.dumps(Point())).x)"
+        "import pickle, sys\nclass Point:\n    x: int = 1\n"
+        "if __name__ == '__main__':\n"
+        "    print(__file__, sys.argv, pickle.loads(pickle.dumps(Point())).x, Point.__annotations__['x'] is int)"
     )
-    assert call(executor, code) == ("ok", "main.py ['main.py'] 1\n")
+    assert call(executor, code) == ("ok", "main.py ['main.py'] 1 True\n")
 
 
 def test_exception_shows_stdout_then_the_traceback_of_the_models_code(executor):

@@ -350,7 +350,8 @@ def _run_script() -> None:
     sys.modules["__main__"] = main
     sys.argv[:] = [SCRIPT]
     with open(SCRIPT, "rb") as f:
-        code = compile(f.read(), SCRIPT, "exec")  # bytes: a coding declaration is honoured, as python does
+        # bytes: a coding declaration is honoured; no __future__ flag of this file reaches the code
+        code = compile(f.read(), SCRIPT, "exec", dont_inherit=True)
     exec(code, main.__dict__)
 
 
