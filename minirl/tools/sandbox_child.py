@@ -352,7 +352,7 @@ def _run_script() -> None:
     with open(SCRIPT, "rb") as f:
         # bytes: a coding declaration is honoured; no __future__ flag of this file reaches the code
         code = compile(f.read(), SCRIPT, "exec", dont_inherit=True)
-    exec(code, main.__dict__)
+    exec(code, main.__dict__)  # sandboxed: this worker already runs under the limits, the hook and its own root
 
 
 def run_worker(limits: list[int], contained: bool, packages: dict) -> None:
