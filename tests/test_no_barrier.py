@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minirl.config import ProtocolConfig
 from minirl.data.task import Task
 from minirl.inference.loop import DecodeLoop
+from minirl.rollout import agent_loop
 from minirl.rollout.agent_loop import AgentLimits, run_agent
 from minirl.rollout.engine import ENGINES, SamplingParams
 from minirl.tools import ToolExecutor
@@ -91,3 +92,22 @@ def test_rows_decode_while_other_trajectories_calls_run_only_without_a_barrier(p
         assert during == 0  # every turn waits for every call of the turn before
     else:
         assert during > 10  # answers were decoded while slower calls still ran
+
+
+def test_with_nothing_to_decode_the_loop_sleeps_until_a_running_call_ends(policy, monkeypatch):
+    """A turn of two calls whose first comes back at once and whose second takes 0.5 s: with no row left to
+    decode the loop waits on the running call, once per call at most, not in a busy loop on the finished one
+    (which would hold the GIL from the tools and the trainer)."""
+    waits = []
+    original = agent_loop.wait
+
+    def counted_wait(futures, **kwargs):
+        waits.append(len(futures))
+        return original(futures, **kwargs)
+
+    monkeypatch.setattr(agent_loop, "wait", counted_wait)
+    tool = Staggered(lambda i: 0.0 if i == 0 else 0.5)
+    trajs = rollout(policy, tool, SamplingParams(64, temperature=0.0), barrier=False, group_size=1)
+    calls = sum(len(u.tool_results) for t in trajs for u in t.turns)
+    assert calls == 2 and all(t.turns[-1].parsed.kind.name == "ANSWER" for t in trajs)
+    assert 1 <= len(waits) <= calls

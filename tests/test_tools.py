@@ -454,6 +454,35 @@ def test_a_call_waiting_for_a_slot_has_its_whole_timeout_once_it_starts():
     assert refused[0].status == "over_budget"  # a request's budget holds in a batch
 
 
+class Counted(Tool):
+    """Test-only tool that counts the calls that started and takes 0.3 s each."""
+
+    name = "counted"
+    description = "counts its calls"
+    parameters = {"type": "object", "properties": {}, "additionalProperties": False}
+
+    def __init__(self) -> None:
+        self.lock, self.started = threading.Lock(), 0
+
+    def run(self, arguments: dict) -> dict:
+        with self.lock:
+            self.started += 1
+        time.sleep(0.3)
+        return {}
+
+
+def test_an_error_in_the_pools_block_cancels_the_calls_not_yet_started():
+    """The submitter fails (an agent loop's decoding, say) with calls queued for the one slot: the running call
+    ends, the queued ones never start, so the error comes out without waiting for them."""
+    counted = Counted()
+    executor = ToolExecutor({"counted": counted}, timeout_s=5.0, max_output_chars=2048, max_concurrent=1)
+    with pytest.raises(RuntimeError, match="decoding failed"), executor.pool() as pool:
+        pending = [pool.submit(([ToolCall(f"t{i}", "counted", {})], None, None)) for i in range(5)]
+        raise RuntimeError("decoding failed")
+    assert counted.started <= 1
+    assert all(calls.futures()[0].cancelled() for calls in pending[1:])
+
+
 def test_execute_many_keeps_call_order(executor):
     calls = [
         ToolCall("call_0", "get_current_time", {"timezone": "UTC"}),

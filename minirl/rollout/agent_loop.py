@@ -197,8 +197,9 @@ def _without_barrier(
                     if turn is not None and calls_follow(state.traj, turn):
                         request = pool.submit(tool_request(state.traj, turn, limits))
                         calling.append((state, turn, turn_index, request))
-            else:  # nothing decodes: wait for the first calls to come back
-                wait([future for *_, pending in calling for future in pending.futures()], return_when=FIRST_COMPLETED)
+            else:  # nothing decodes: wait for a running call (a done one would return at once: a busy loop)
+                running = [future for *_, pending in calling for future in pending.futures() if not future.done()]
+                wait(running, return_when=FIRST_COMPLETED)
             for item in [item for item in calling if item[3].done()]:
                 calling.remove(item)
                 state, turn, turn_index, pending = item

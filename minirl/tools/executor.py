@@ -153,9 +153,15 @@ class ToolExecutor:
 
     @contextmanager
     def pool(self) -> Iterator[CallPool]:
-        """Slots for `max_concurrent` calls at once, open while the block runs (`CallPool`)."""
+        """Slots for `max_concurrent` calls at once, open while the block runs (`CallPool`). When the block
+        raises, the calls not yet started are cancelled: the error comes out after the running ones, not after
+        every queued call has run."""
         with ThreadPoolExecutor(max_workers=self.max_concurrent, thread_name_prefix="tool-slot") as slots:
-            yield CallPool(self, slots)
+            try:
+                yield CallPool(self, slots)
+            except BaseException:
+                slots.shutdown(wait=False, cancel_futures=True)
+                raise
 
     def _run(self, call: ToolCall, allowed: Collection[str] | None) -> ToolResult:
         started = self._start(call, allowed)
