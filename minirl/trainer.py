@@ -112,7 +112,7 @@ class Trainer:
         self.shuffle_rng = torch.Generator().manual_seed(cfg.trainer.seed)  # mini-batch order; not the global RNG
         self.step = 0  # the last completed step
         # one step off: the engine samples from its own copy of the weights, on a worker thread (training/pipeline.py)
-        self.ahead = RolloutAhead() if cfg.trainer.async_rollout else None
+        self.ahead = RolloutAhead(self.sampler.cancel) if cfg.trainer.async_rollout else None
         if self.ahead is not None:
             self.sampler.engine.detach()
         self.pending: Rollout | None = None  # the next step's rollout, sampled during this step's update

@@ -16,6 +16,9 @@ from support import SHAPED_REWARD, debug_config
 
 from minirl.bootstrap import model_path
 from minirl.data.task import Task
+from minirl.errors import ConfigError
+from minirl.models.loading import load_policy
+from minirl.rollout.agent_loop import RolloutCancelled
 from minirl.rollout.trajectory import Trajectory
 from minirl.trainer import Trainer
 from minirl.training.batch import collate, token_logprobs
@@ -117,3 +120,60 @@ def test_trajectories_older_than_max_staleness_are_dropped_and_counted():
         [],
         {"async/staleness_mean": 0.0, "async/staleness_max": 0.0, "async/dropped_stale": 0.0},
     )
+
+
+def test_a_run_that_fails_during_an_update_stops_the_rollout_running_ahead(cache_dir, tmp_path):
+    """The update fails while the next step's rollout runs: the run cancels that rollout and waits for it to stop
+    at its next turn, so no thread samples on (holding the engine, drawing from the RNG) once the run is over."""
+    cfg = debug_config(cache_dir, tmp_path, "experiment=async", f"trainer.steps={STEPS}")
+    trainer = Trainer(cfg, model_path(cfg, Console(quiet=True)))
+    started, ended, workers = threading.Event(), [], []
+    groups = trainer.sampler.groups
+
+    def groups_ahead():
+        if threading.current_thread() is threading.main_thread():
+            return groups()
+        workers.append(threading.current_thread())
+        started.set()
+        trainer.sampler.cancel.wait(WAIT_S)  # still running when the update fails
+        try:
+            return groups()
+        except BaseException as err:
+            ended.append(type(err))
+            raise
+
+    def failing_update(batch, trajs):
+        assert started.wait(WAIT_S), "the next step's rollout did not start"
+        raise RuntimeError("the update failed")
+
+    trainer.sampler.groups, trainer.update = groups_ahead, failing_update
+    with pytest.raises(RuntimeError, match="the update failed"):
+        trainer.fit()
+    assert ended == [RolloutCancelled]
+    assert len(workers) == 1 and not workers[0].is_alive()
+
+
+def test_one_step_off_refuses_a_model_with_dropout(cache_dir, tmp_path):
+    """The update would draw from the global RNG that the rollout worker draws from: refused at load, naming it."""
+    cfg = debug_config(cache_dir, tmp_path)
+    model = load_policy(model_path(cfg, Console(quiet=True)), cfg, torch.device("cpu"))
+    model.config.attention_dropout = 0.1
+    model.save_pretrained(tmp_path / "dropout")
+    one_step_off = debug_config(cache_dir, tmp_path, "experiment=async", f"model.name_or_path={tmp_path / 'dropout'}")
+    with pytest.raises(ConfigError, match=r"trainer.async_rollout: .*config.attention_dropout=0.1"):
+        load_policy(str(tmp_path / "dropout"), one_step_off, torch.device("cpu"))
+    load_policy(str(tmp_path / "dropout"), cfg, torch.device("cpu"))  # a synchronous run trains it as it is
+
+
+@pytest.mark.parametrize("async_rollout", [False, True])
+def test_gradient_checkpointing_rewinds_the_global_rng_only_in_a_synchronous_run(cache_dir, tmp_path, async_rollout):
+    """torch's checkpointing sets the RNG back to the forward's state while it recomputes (so dropout repeats):
+    a draw made then, as the rollout worker's may be one step off, would repeat one already made."""
+    overrides = ["model.gradient_checkpointing=true", *(["experiment=async"] if async_rollout else [])]
+    cfg = debug_config(cache_dir, tmp_path, *overrides)
+    model = load_policy(model_path(cfg, Console(quiet=True)), cfg, torch.device("cpu")).train()
+    draws = []
+    model.model.layers[0].input_layernorm.register_forward_pre_hook(lambda *_: draws.append(torch.rand(1).item()))
+    model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    assert len(draws) == 2  # the forward and its recomputation
+    assert (draws[0] != draws[1]) is async_rollout

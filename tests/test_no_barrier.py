@@ -6,6 +6,7 @@ its own generator), and keeps its sampler log-probs equal to the trainer's."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import pytest
@@ -17,7 +18,7 @@ from minirl.config import ProtocolConfig
 from minirl.data.task import Task
 from minirl.inference.loop import DecodeLoop
 from minirl.rollout import agent_loop
-from minirl.rollout.agent_loop import AgentLimits, run_agent
+from minirl.rollout.agent_loop import AgentLimits, RolloutCancelled, run_agent
 from minirl.rollout.engine import ENGINES, SamplingParams
 from minirl.tools import ToolExecutor
 from minirl.training.batch import collate, token_logprobs
@@ -34,13 +35,22 @@ def policy(tool_model_dir):
     return AutoModelForCausalLM.from_pretrained(tool_model_dir).eval(), AutoTokenizer.from_pretrained(tool_model_dir)
 
 
-def rollout(policy, tool, sampling, barrier, group_size=4, seed=0):
+def rollout(policy, tool, sampling, barrier, group_size=4, seed=0, cancel=None):
     model, tokenizer = policy
     engine = ENGINES.get("torch")(model, tokenizer, torch.device("cpu"))
     executor = ToolExecutor({"calculate_math": tool}, timeout_s=5.0, max_output_chars=512, max_concurrent=4)
     torch.manual_seed(seed)
     return run_agent(
-        engine, tokenizer, executor, TASKS, group_size, LIMITS, sampling, ProtocolConfig(), barrier=barrier
+        engine,
+        tokenizer,
+        executor,
+        TASKS,
+        group_size,
+        LIMITS,
+        sampling,
+        ProtocolConfig(),
+        barrier=barrier,
+        cancel=cancel,
     )
 
 
@@ -111,3 +121,14 @@ def test_with_nothing_to_decode_the_loop_sleeps_until_a_running_call_ends(policy
     calls = sum(len(u.tool_results) for t in trajs for u in t.turns)
     assert calls == 2 and all(t.turns[-1].parsed.kind.name == "ANSWER" for t in trajs)
     assert 1 <= len(waits) <= calls
+
+
+@pytest.mark.parametrize("barrier", [True, False])
+def test_a_cancelled_rollout_stops_before_its_next_turn(policy, barrier):
+    """The cancel event set from another thread (here by the first tool call): the rollout raises RolloutCancelled
+    instead of decoding the answers that follow the calls."""
+    cancel = threading.Event()
+    tool = Staggered(lambda i: cancel.set() or 0.0)
+    with pytest.raises(RolloutCancelled):
+        rollout(policy, tool, SamplingParams(64, temperature=0.0), barrier=barrier, cancel=cancel)
+    assert 1 <= len(tool.windows) <= 8  # the calls of the first turn at most: four trajectories of two

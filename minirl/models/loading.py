@@ -68,20 +68,51 @@ def add_adapters(model, lora: LoraConfig):
     return model
 
 
-def checkpoint_activations(model) -> None:
-    """transformers' gradient checkpointing, non-reentrant (the reentrant kind breaks DDP and LoRA's frozen input)."""
+def checkpoint_activations(model, preserve_rng_state: bool = True) -> None:
+    """transformers' gradient checkpointing, non-reentrant (the reentrant kind breaks DDP and LoRA's frozen input).
+    `preserve_rng_state` (torch's): the global RNG is set back to the forward's state around each recomputation, so
+    that dropout repeats, and restored after; False for a model without dropout whose RNG another thread draws
+    from, as one step off's rollout does, which that restore would rewind."""
+    kwargs = {"use_reentrant": False, "preserve_rng_state": preserve_rng_state}
     if hasattr(model, "activation_checkpointing_enable"):  # its name from transformers 5.24 on
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _dropout(model) -> list[str]:
+    """The model's dropout above 0: its config's `*dropout` / `*pdrop` fields and its nn.Dropout modules."""
+    fields = [
+        f"config.{key}={value}"
+        for key, value in model.config.to_dict().items()
+        if key.endswith(("dropout", "pdrop")) and type(value) in (int, float) and value > 0
+    ]
+    modules = [f"{name}.p={m.p}" for name, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
+    return fields + modules
+
+
+def refuse_dropout_one_step_off(model, path: str) -> None:
+    """One step off's rollout draws from the global torch RNG on its worker thread while the update runs: an update
+    that drew too (dropout) would make a seeded run unrepeatable. ConfigError naming the dropout found."""
+    found = _dropout(model)
+    if found:
+        listing = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise ConfigError(
+            f"trainer.async_rollout: the model at '{path}' has dropout ({listing}); the update would draw from the "
+            "global torch RNG while the rollout samples from it, so a seeded run would not repeat: save a copy with "
+            "dropout 0 in its config.json, or train without trainer.async_rollout"
+        )
 
 
 def load_policy(path: str, cfg: Config, device: torch.device):
     """The policy to train: the model at `path`, with gradient checkpointing when model.gradient_checkpointing, and
-    with LoRA adapters when model.lora.r > 0 (their saved config names `path` as their base)."""
+    with LoRA adapters when model.lora.r > 0 (their saved config names `path` as their base). One step off
+    (trainer.async_rollout) refuses a model with dropout, and its checkpointing leaves the global RNG alone."""
     model = load_model(path, cfg, device)
+    if cfg.trainer.async_rollout:
+        refuse_dropout_one_step_off(model, path)
     if cfg.model.gradient_checkpointing:
-        checkpoint_activations(model)
+        checkpoint_activations(model, preserve_rng_state=not cfg.trainer.async_rollout)
     if not cfg.model.lora.r:
         return model
     add_adapters(model, cfg.model.lora)

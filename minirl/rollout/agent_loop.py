@@ -13,10 +13,12 @@ token-out (`minirl.protocol.chat`), so every sampled token stays exactly as samp
 log-prob. Every call gets an id (`call_<turn>_<i>`) that its tool message carries as `tool_call_id`, next to the
 tool's `name`; each tool result enters the context cut to `protocol.max_tool_output_tokens` tokens
 (`protocol.observation_cut` says which ones stay), and further when the next prompt would leave fewer than
-`protocol.min_sample_room` tokens of the budget to sample."""
+`protocol.min_sample_room` tokens of the budget to sample. A `cancel` event set from another thread stops
+the rollout at its next turn (with the barrier) or decoding step (without one): `RolloutCancelled`."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Sequence
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
@@ -40,6 +42,15 @@ from minirl.protocol.parsing import TurnKind, parse_turn
 from minirl.rollout.engine import Completion, Engine, SamplingParams
 from minirl.rollout.trajectory import Trajectory, TrajectoryEnd, Turn
 from minirl.tools.executor import CallRequest, PendingCalls, ToolExecutor
+
+
+class RolloutCancelled(Exception):
+    """The rollout's `cancel` event was set: it stopped, and what it sampled is dropped."""
+
+
+def _stop_if_cancelled(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise RolloutCancelled("the rollout was cancelled")
 
 
 @dataclass
@@ -90,6 +101,7 @@ def run_agent(
     protocol: ProtocolConfig,
     thinking: Sequence[bool] | None = None,
     barrier: bool = True,
+    cancel: threading.Event | None = None,
 ) -> list[Trajectory]:
     """`group_size` trajectories per task; trajectories of one task are contiguous. `protocol` says
     how calls are read (format, call policy) and how many tokens of each tool result the model sees. `thinking`,
@@ -116,12 +128,12 @@ def run_agent(
     trajectories = [s.traj for s in live]
     session = getattr(engine, "session", None)
     if barrier or session is None:
-        _with_barrier(engine, executor, live, limits, sampling, protocol)
+        _with_barrier(engine, executor, live, limits, sampling, protocol, cancel)
     else:
         if not sampling.greedy:
             _own_generators(live, sampling.seed, engine.device)
         with session() as loop:
-            _without_barrier(loop, engine.end_ids, executor, live, limits, sampling, protocol)
+            _without_barrier(loop, engine.end_ids, executor, live, limits, sampling, protocol, cancel)
     return trajectories
 
 
@@ -132,9 +144,11 @@ def _with_barrier(
     limits: AgentLimits,
     sampling: SamplingParams,
     protocol: ProtocolConfig,
+    cancel: threading.Event | None,
 ) -> None:
     """Turn by turn: one engine call for every live trajectory, then all their calls together."""
     for turn_index in range(limits.max_turns):
+        _stop_if_cancelled(cancel)
         live = [s for s in live if not s.traj.done]
         if not live:
             break
@@ -169,6 +183,7 @@ def _without_barrier(
     limits: AgentLimits,
     sampling: SamplingParams,
     protocol: ProtocolConfig,
+    cancel: threading.Event | None,
 ) -> None:
     """Every trajectory on one decoding loop: a finished turn's calls start on the pool at once, and the next
     turn is admitted as soon as they are in (module docstring)."""
@@ -184,6 +199,7 @@ def _without_barrier(
             admit(state, 0)
     with executor.pool() as pool:
         while loop.rows or calling:
+            _stop_if_cancelled(cancel)
             if loop.rows:
                 for sampled in loop.step():
                     state, turn_index, completion = rows[sampled.row]

@@ -14,12 +14,16 @@ pi_sampler, the older sampler's gap, which `rollout_is/logp_gap_abs_mean` logs.
 Only the rollout and the update overlap: evaluation, the trajectory log and checkpoints run between steps with
 the worker idle. A checkpoint holds the sampled but untrained rollout of the next step, so a resumed run repeats
 the uninterrupted one. The worker is the only thread that draws from the global torch RNG while the update runs
-(nothing in the update draws: no dropout, the mini-batch order has its own generator), so a seeded run repeats.
+(nothing in the update draws: a model with dropout is refused at load, gradient checkpointing leaves the RNG
+alone, the mini-batch order has its own generator), so a seeded run repeats.
 What the overlap gains depends on what each side is bound by (experiments/README.md, "One step off").
+A run that ends early (an error, Ctrl-C) cancels the rollout running ahead and waits for it to stop at its next
+turn, so no thread samples on, holding the engine and drawing from the RNG, after the run is over.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -62,11 +66,13 @@ def fresh(trajs: list[Trajectory], version: int, max_staleness: int) -> tuple[li
 
 
 class RolloutAhead:
-    """The next step's rollout on one worker thread: `start` it before an update, `wait` for it after."""
+    """The next step's rollout on one worker thread: `start` it before an update, `wait` for it after. `cancel`
+    is the event the rollout stops on (run_agent's): `close` sets it."""
 
-    def __init__(self) -> None:
+    def __init__(self, cancel: threading.Event) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="minirl-rollout")
         self._running: Future | None = None
+        self.cancel = cancel
 
     def start(self, rollout: Callable[[], Rollout]) -> None:
         if self._running is not None:
@@ -82,5 +88,8 @@ class RolloutAhead:
         return running.result(), time.perf_counter() - started
 
     def close(self) -> None:
-        """Let a running rollout finish on its own; its result is dropped."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop a rollout still running (the run ended without waiting for it) and wait until it has; its result
+        and any error of its own are never read: what ended the run is the error to report."""
+        if self._running is not None:
+            self.cancel.set()  # it stops at its next turn (RolloutCancelled, rollout/agent_loop.py)
+        self._pool.shutdown(wait=True)

@@ -9,6 +9,8 @@ whole round. Held-out evaluation samples through `rollout` too, with the same en
 
 from __future__ import annotations
 
+import threading
+
 from minirl.config import Config
 from minirl.data.task import Task
 from minirl.distributed.world import World
@@ -35,6 +37,7 @@ class Sampler:
         self.reward_model, self.world = reward_model, world
         self.executor = ToolExecutor.from_config(cfg.tools)
         self.limits = AgentLimits.from_config(cfg.rollout)
+        self.cancel = threading.Event()  # set: a rollout in progress stops at its next turn (RolloutCancelled)
 
     @property
     def prompts_per_round(self) -> int:
@@ -76,7 +79,7 @@ class Sampler:
         sampling, protocol = SamplingParams.from_config(r, temperature), self.cfg.protocol
         return run_agent(
             self.engine, self.tokenizer, self.executor, tasks, group_size, self.limits, sampling, protocol, thinking,
-            barrier=r.barrier,
+            barrier=r.barrier, cancel=self.cancel,
         )  # fmt: skip
 
     def reference_answer(self, traj: Trajectory) -> Trajectory | None:
