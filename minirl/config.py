@@ -342,9 +342,10 @@ class RolloutConfig:
         _check(ratio is None or 0 <= ratio <= 1, "rollout.thinking_ratio", f"must be in [0, 1] or null, got {ratio}")
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
         _check(
-            self.max_model_len == 0 or self.max_model_len > self.max_new_tokens,
+            self.max_model_len == 0 or self.max_model_len >= self.max_total_tokens,
             "rollout.max_model_len",
-            f"must be 0 (derived) or exceed max_new_tokens, got {self.max_model_len}",
+            f"must be 0 (derived) or at least rollout.max_total_tokens ({self.max_total_tokens}), which a "
+            f"conversation may fill, got {self.max_model_len}",
         )
 
 

@@ -158,6 +158,7 @@ def test_experiment_and_debug_presets_apply():
         ("rollout.temperature=0", "rollout.temperature"),
         ("rollout.temperature=1e-50", "rollout.temperature: must be >= 1e-05"),
         ("rollout.temperature=inf", "rollout.temperature: must be a finite number, got inf"),
+        ("rollout.max_model_len=512", r"rollout.max_model_len: must be 0 \(derived\) or at least rollout.max_total_"),
         ("trainer.lr=inf", "trainer.lr: must be a finite number, got inf"),
         ("reward.weights.gt_hit=-inf", "reward.weights.gt_hit: must be a finite number, got -inf"),
         ("trainer.weight_decay=-1", "trainer.weight_decay: must be >= 0"),

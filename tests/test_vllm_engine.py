@@ -22,6 +22,7 @@ vllm = pytest.importorskip(
 from support import CALC_TOOL, CONVERSATION, GREETING  # noqa: E402
 
 from minirl.config import RolloutConfig, TinyModelConfig  # noqa: E402
+from minirl.errors import ConfigError  # noqa: E402
 from minirl.models.tiny import build_model, build_tokenizer, render_texts  # noqa: E402
 from minirl.rollout.engine import ENGINES, SamplingParams  # noqa: E402
 from minirl.rollout.vllm_engine import sample_seed  # noqa: E402
@@ -62,6 +63,15 @@ def test_engine_starts_with_the_configured_context_and_leaves_the_trainers_rng_a
     assert engine.llm.llm_engine.vllm_config.model_config.max_model_len == 1024 + 96
     assert engine.rng_kept  # vLLM's worker reseeds the global RNGs when it starts
     assert engine.start_s < 300
+
+
+def test_a_budget_longer_than_the_models_context_is_refused_before_the_engine_starts(policy):
+    """vLLM caps its context at the model's positions: a conversation allowed to grow past them would be refused
+    or cut there, where the torch engine samples on."""
+    model, tokenizer, path = policy
+    config = RolloutConfig(engine="vllm", max_total_tokens=model.config.max_position_embeddings + 1)
+    with pytest.raises(ConfigError, match=r"rollout=vllm: the model's context \(max_position_embeddings 2048\)"):
+        ENGINES.get("vllm")(model, tokenizer, torch.device("cpu"), model_path=str(path), config=config)
 
 
 def test_sample_seeds_differ_within_a_call_and_across_nearby_seeds():

@@ -126,6 +126,12 @@ class VLLMEngine:
         if max_model_len == 0 and config is not None:
             max_model_len = config.max_total_tokens + config.max_new_tokens  # a turn may start near the budget
             positions = getattr(model.config, "max_position_embeddings", None)
+            if positions and positions < config.max_total_tokens:  # vLLM would refuse or cut the longer prompts
+                raise ConfigError(
+                    f"rollout=vllm: the model's context (max_position_embeddings {positions}) is shorter than "
+                    f"rollout.max_total_tokens ({config.max_total_tokens}), which a conversation may fill: set "
+                    f"rollout.max_total_tokens to at most {positions}"
+                )
             max_model_len = min(max_model_len, positions) if positions else max_model_len
         _check_head_size(model)
         from vllm.platforms import current_platform
