@@ -5,7 +5,9 @@
 Each point is a run of the default recipe (the warm-started tiny model, 14 prompts x 8 samples, MiniMind's
 tools), --steps steps of `Trainer.train_step` with no evaluation, once synchronous and once with
 experiment=async's settings, in alternation; every tool call first waits LATENCY seconds (a remote API's;
-the wait takes no CPU). A step's time is the median of steps 2..--steps, then the median over --repeats.
+the wait takes no CPU). A step's time is the median of steps 2..--steps, then the median over --repeats. The
+trainer is told of one step more than runs, so that the last timed step, one step off, also samples the next
+step's rollout during its update, as every step of a longer run does (a run's real last step does not).
 Synchronous, a step is its rollout plus its update; one step off, the update runs while the next rollout
 does, so a step is bounded by the longer of the two, when they do not compete for the same cores. Prints a
 table and writes async_overlap.json and async_overlap.png.
@@ -36,7 +38,7 @@ SCHEDULES = {"synchronous": [], "one_step_off": ["experiment=async"]}
 def step_seconds(schedule: str, latency: float, steps: int, scratch: Path) -> dict:
     """Median wall, rollout and update seconds of steps 2..steps of one run."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        overrides = [*SCHEDULES[schedule], f"trainer.steps={steps}", "logger=none", "trainer.save_final=false"]
+        overrides = [*SCHEDULES[schedule], f"trainer.steps={steps + 1}", "logger=none", "trainer.save_final=false"]
         cfg = to_config(compose("config", overrides=overrides))
     cfg.output_dir = str(scratch / f"{schedule}-{latency}")
     trainer = Trainer(cfg, model_path(cfg, Console(stderr=True)), Console(quiet=True))
