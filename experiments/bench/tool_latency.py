@@ -5,8 +5,10 @@
 One rollout is what a default training step samples: `--prompts` training tasks x rollout.group_size samples,
 up to 3 turns, on the warm-started tiny model (built and cached on first use) with MiniMind's tools, each call
 held back by an added wait of LATENCY seconds (a remote API's; the wait takes no CPU). Both schedules run
-the same trajectories' seeds in alternation; medians of --repeats after a warm-up. Prints a table and
-writes tool_latency.json and tool_latency.png.
+in alternation; medians of --repeats after a warm-up. Decoding is greedy: sampled, the two schedules would
+draw different trajectories from one seed (without the barrier each trajectory has a generator of its own),
+with other calls and lengths; greedy, they produce the very same ones (tests/test_no_barrier.py), so the table
+compares the schedules on equal work. Prints a table and writes tool_latency.json and tool_latency.png.
 """
 
 from __future__ import annotations
@@ -63,14 +65,14 @@ def main() -> None:
     tasks = DATASETS.get(cfg.data.name)(cfg.data).train[: args.prompts]
     r = cfg.rollout
     limits = AgentLimits.from_config(r)
-    sampling = SamplingParams.from_config(r, r.temperature)
+    sampling = SamplingParams.from_config(r, 0.0)  # greedy: the same trajectories under both schedules
     engine = ENGINES.get("torch")(model, tokenizer, torch.device("cpu"))
     results = []
     for latency in args.latency:
         executor = ToolExecutor.from_config(cfg.tools)
         executor.tools = {name: delayed(tool, latency) for name, tool in executor.tools.items()}
         seconds: dict[bool, list[float]] = {True: [], False: []}
-        calls = 0
+        work: dict[bool, tuple[int, int]] = {}  # (calls, sampled tokens) of each schedule's last run
         for repeat in range(args.repeats + 1):
             for barrier in (True, False) if repeat % 2 else (False, True):
                 torch.manual_seed(repeat)
@@ -80,12 +82,16 @@ def main() -> None:
                 if repeat:  # the first of each warms up
                     seconds[barrier].append(time.perf_counter() - started)
                     calls = sum(len(u.tool_results) for t in trajs for u in t.turns)
-        row = {"latency_s": latency, "calls": calls, **{("barrier_s" if b else "no_barrier_s"): statistics.median(s)
-                                                        for b, s in seconds.items()}}  # fmt: skip
+                    work[barrier] = calls, sum(sum(t.action_mask) for t in trajs)
+        if work[True] != work[False]:
+            raise RuntimeError(f"the schedules did different work (calls, sampled tokens): {work}")
+        row = {"latency_s": latency, "calls": calls, "sampled_tokens": work[True][1]}
+        row |= {("barrier_s" if b else "no_barrier_s"): statistics.median(s) for b, s in seconds.items()}
         results.append(row)
         console.print(
             f"latency {latency:.2f} s: barrier {row['barrier_s']:.2f} s, none {row['no_barrier_s']:.2f} s "
-            f"({row['no_barrier_s'] / row['barrier_s']:.2f}x), {calls} calls"
+            f"({row['no_barrier_s'] / row['barrier_s']:.2f}x), {calls} calls and {row['sampled_tokens']} "
+            "sampled tokens in both"
         )
     args.out.mkdir(parents=True, exist_ok=True)
     setup = {
@@ -110,7 +116,7 @@ def plot(results: list[dict], setup: dict, path: Path) -> None:
     ax.plot(latency, [r["barrier_s"] for r in results], "o-", label="round barrier (rollout.barrier=true)")
     ax.plot(latency, [r["no_barrier_s"] for r in results], "o-", label="no barrier (rollout.barrier=false)")
     ax.set(xlabel="added wait per tool call (s)", ylabel="seconds per rollout",
-           title=f"{setup['prompts']} prompts x {setup['group_size']}, MiniMind tools, "
+           title=f"{setup['prompts']} prompts x {setup['group_size']} (greedy), MiniMind tools, "
                  f"{setup['max_concurrent_calls']} calls at once")  # fmt: skip
     ax.legend()
     fig.tight_layout()
