@@ -1,8 +1,9 @@
 """The single-turn work both systems run, defined once: model, prompts, reward and GRPO settings.
 
-A 6.4M-parameter Qwen2 (hidden 256, 6 layers, vocab 1,024, random weights) with minirl's tokenizer and
-its Qwen2.5-style chat template, saved with `save_pretrained` and loaded by path by every system; 8
-prompts x 4 samples a step, at most 64 new tokens, temperature 1, beta 0.04, lr 1e-4, 8 steps.
+A 6.4M-parameter Qwen2 (hidden 256, 6 layers, random weights) with minirl's tokenizer (1,024 BPE tokens and the 6
+tool and reasoning tags: a vocabulary of 1,030) and its Qwen2.5-style chat template, saved with `save_pretrained`
+and loaded by path by every system; 8 prompts x 4 samples a step, at most 64 new tokens, temperature 1, beta 0.04,
+lr 1e-4, 8 steps.
 """
 
 from __future__ import annotations
