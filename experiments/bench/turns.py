@@ -1,6 +1,6 @@
 """Prefill tokens and rollout time against the number of turns, with and without KV reuse.
 
-    python experiments/bench/turns.py [--rows 16] [--max-turns 8] [--out experiments/bench/results]
+    python experiments/bench/turns.py [--rows 16] [--max-turns 8] [--repeats 3] [--out experiments/bench/results]
 
 Token in, token out, on the bench's random-weight model (workload.py): ROWS conversations of random tokens,
 each turn sampling up to NEW_TOKENS tokens (an end-of-turn token is as likely as any other, so few rows end
@@ -14,14 +14,16 @@ is the whole conversation so far. Three ways to sample each turn:
 - hf generate: `model.generate` (what a MiniMind-style loop calls every turn), which also re-encodes it.
 
 Prefill tokens are counted on the model's forward (calls that feed more than one token per row, padding
-excluded). With reuse they grow linearly in the turns, without it quadratically. Writes turns.json and
-turns.png.
+excluded). With reuse they grow linearly in the turns, without it quadratically. A point's seconds are the
+median of --repeats runs after a warm-up, the three ways alternating in order from one repeat to the next; its
+prefill tokens are the same in every run (the same seeds). Writes turns.json and turns.png.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -68,6 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--max-turns", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     console = Console(width=120)
@@ -78,16 +81,23 @@ def main() -> None:
     engines = {"torch, KV reuse": ("torch", True), "torch, no reuse": ("torch", False), "hf generate": ("hf", False)}
     results: dict[str, list[dict]] = {name: [] for name in engines}
     for turns in range(1, args.max_turns + 1):
-        for name, (engine_name, reuse) in engines.items():
-            engine = ENGINES.get(engine_name)(model, tokenizer, torch.device("cpu"))
-            conversation_rollout(engine, counter, args.rows, 1, reuse, seed=turns)  # warm-up
-            run = conversation_rollout(engine, counter, args.rows, turns, reuse, seed=turns)
-            results[name].append({"turns": turns, **run})
-            console.print(
-                f"{turns} turns, {name}: {run['seconds']:.2f} s, {run['prefill_tokens']:.0f} prefill tokens a row"
-            )
+        runs: dict[str, list[dict]] = {name: [] for name in engines}
+        for repeat in range(args.repeats):
+            for name in engines if repeat % 2 == 0 else reversed(engines):
+                engine_name, reuse = engines[name]
+                engine = ENGINES.get(engine_name)(model, tokenizer, torch.device("cpu"))
+                conversation_rollout(engine, counter, args.rows, 1, reuse, seed=turns)  # warm-up
+                runs[name].append(conversation_rollout(engine, counter, args.rows, turns, reuse, seed=turns))
+        for name, measured in runs.items():
+            prefill = {run["prefill_tokens"] for run in measured}
+            if len(prefill) > 1:
+                raise RuntimeError(f"{name}, {turns} turns: the runs encoded different prefills {sorted(prefill)}")
+            seconds = statistics.median(run["seconds"] for run in measured)
+            results[name].append({"turns": turns, "seconds": seconds, "prefill_tokens": prefill.pop()})
+            console.print(f"{turns} turns, {name}: {seconds:.2f} s, {results[name][-1]['prefill_tokens']:.0f} "
+                          "prefill tokens a row")  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    setup = {"rows": args.rows, "new_tokens": NEW_TOKENS, "observation_tokens": OBSERVATION}
+    setup = {"rows": args.rows, "new_tokens": NEW_TOKENS, "observation_tokens": OBSERVATION, "repeats": args.repeats}
     (args.out / "turns.json").write_text(json.dumps({**setup, "results": results}, indent=1) + "\n")
     plot(results, args.out / "turns.png")
     console.print(f"wrote {args.out / 'turns.json'} and {args.out / 'turns.png'}")
