@@ -1,9 +1,11 @@
 """Step time against group size and trajectory length, on the bench's single-turn work (workload.py).
 
-    python experiments/bench/scaling.py [--groups 2 4 8 16] [--tokens 32 64 128] [--out experiments/bench/results]
+    python experiments/bench/scaling.py [--groups 2 4 8 16] [--tokens 32 64 128] [--repeats 3]
 
-Each point is one `python -m minirl.train` run of 4 steps with workload.py's settings but one knob changed
-(rollout.group_size, or rollout.max_new_tokens); its rollout and update seconds are medians of steps 2-4. The
+Each point is `python -m minirl.train` runs of 4 steps with workload.py's settings but one knob changed
+(rollout.group_size, or rollout.max_new_tokens); a run's rollout and update seconds are medians of steps 2-4,
+and a point's the median of --repeats runs, each repeat sweeping every point once (so that a slower spell of
+the machine spreads over the points rather than falling on one). The
 random-weight model rarely samples its end-of-turn token, so a trajectory is about max_new_tokens long. Writes
 scaling.json and scaling.png.
 """
@@ -42,22 +44,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, nargs="+", default=[2, 4, 8, 16])
     parser.add_argument("--tokens", type=int, nargs="+", default=[32, 64, 128])
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     console = Console(width=120)
     workload.build_model(MODEL_DIR)
     curves: dict[str, list[dict]] = {"group_size": [], "max_new_tokens": []}
+    points = [
+        *(("group_size", g, [f"rollout.group_size={g}", f"trainer.micro_batch_size={workload.PROMPTS * g}"])
+          for g in args.groups),
+        *(("max_new_tokens", t, [f"rollout.max_new_tokens={t}"]) for t in args.tokens),
+    ]  # fmt: skip
+    runs: dict[tuple[str, int], list[dict]] = {(knob, value): [] for knob, value, _ in points}
     with tempfile.TemporaryDirectory() as scratch:
         workload.write_tasks(Path(scratch) / "tasks.jsonl")
-        for g in args.groups:
-            rows = workload.PROMPTS * g
-            point = step_times(Path(scratch), f"g{g}", [f"rollout.group_size={g}", f"trainer.micro_batch_size={rows}"])
-            curves["group_size"].append({"value": g, **point})
-            console.print(f"group size {g}: {point}")
-        for t in args.tokens:
-            point = step_times(Path(scratch), f"t{t}", [f"rollout.max_new_tokens={t}"])
-            curves["max_new_tokens"].append({"value": t, **point})
-            console.print(f"max new tokens {t}: {point}")
+        for repeat in range(args.repeats):
+            for knob, value, overrides in points:
+                runs[knob, value].append(step_times(Path(scratch), f"{knob}-{value}-{repeat}", overrides))
+    for (knob, value), measured in runs.items():
+        point = {key: statistics.median(run[key] for run in measured) for key in measured[0]}
+        curves[knob].append({"value": value, **point})
+        console.print(f"{knob} {value}: {point}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scaling.json").write_text(json.dumps(curves, indent=1) + "\n")
     plot(curves, args.out / "scaling.png")
