@@ -81,17 +81,19 @@ def main() -> None:
                                   barrier=barrier)  # fmt: skip
                 if repeat:  # the first of each warms up
                     seconds[barrier].append(time.perf_counter() - started)
-                    calls = sum(len(u.tool_results) for t in trajs for u in t.turns)
-                    work[barrier] = calls, sum(sum(t.action_mask) for t in trajs)
+                    work[barrier] = (
+                        sum(len(u.tool_results) for t in trajs for u in t.turns),
+                        sum(sum(t.action_mask) for t in trajs),
+                    )
         if work[True] != work[False]:
             raise RuntimeError(f"the schedules did different work (calls, sampled tokens): {work}")
-        row = {"latency_s": latency, "calls": calls, "sampled_tokens": work[True][1]}
+        calls, tokens = work[True]
+        row = {"latency_s": latency, "calls": calls, "sampled_tokens": tokens}
         row |= {("barrier_s" if b else "no_barrier_s"): statistics.median(s) for b, s in seconds.items()}
         results.append(row)
         console.print(
             f"latency {latency:.2f} s: barrier {row['barrier_s']:.2f} s, none {row['no_barrier_s']:.2f} s "
-            f"({row['no_barrier_s'] / row['barrier_s']:.2f}x), {calls} calls and {row['sampled_tokens']} "
-            "sampled tokens in both"
+            f"({row['no_barrier_s'] / row['barrier_s']:.2f}x), {calls} calls and {tokens} sampled tokens in both"
         )
     args.out.mkdir(parents=True, exist_ok=True)
     setup = {

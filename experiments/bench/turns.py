@@ -92,10 +92,9 @@ def main() -> None:
             prefill = {run["prefill_tokens"] for run in measured}
             if len(prefill) > 1:
                 raise RuntimeError(f"{name}, {turns} turns: the runs encoded different prefills {sorted(prefill)}")
-            seconds = statistics.median(run["seconds"] for run in measured)
-            results[name].append({"turns": turns, "seconds": seconds, "prefill_tokens": prefill.pop()})
-            console.print(f"{turns} turns, {name}: {seconds:.2f} s, {results[name][-1]['prefill_tokens']:.0f} "
-                          "prefill tokens a row")  # fmt: skip
+            seconds, tokens = statistics.median(run["seconds"] for run in measured), prefill.pop()
+            results[name].append({"turns": turns, "seconds": seconds, "prefill_tokens": tokens})
+            console.print(f"{turns} turns, {name}: {seconds:.2f} s, {tokens:.0f} prefill tokens a row")
     args.out.mkdir(parents=True, exist_ok=True)
     setup = {"rows": args.rows, "new_tokens": NEW_TOKENS, "observation_tokens": OBSERVATION, "repeats": args.repeats}
     (args.out / "turns.json").write_text(json.dumps({**setup, "results": results}, indent=1) + "\n")
