@@ -23,9 +23,10 @@ from support import CALC_TOOL, CONVERSATION, GREETING  # noqa: E402
 
 from minirl.config import RolloutConfig, TinyModelConfig  # noqa: E402
 from minirl.errors import ConfigError  # noqa: E402
+from minirl.inference.loop import StopReason  # noqa: E402
 from minirl.models.tiny import build_model, build_tokenizer, render_texts  # noqa: E402
 from minirl.rollout.engine import ENGINES, SamplingParams  # noqa: E402
-from minirl.rollout.vllm_engine import sample_seed  # noqa: E402
+from minirl.rollout.vllm_engine import sample_seed, stop_reason  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -78,6 +79,16 @@ def test_sample_seeds_differ_within_a_call_and_across_nearby_seeds():
     """sample_seed(seed, i), the seed of sample i of a call seeded `seed`: never `seed + i`, whose streams a
     neighbouring seed's call would repeat shifted by one."""
     assert len({sample_seed(seed, i) for seed in range(50) for i in range(64)}) == 50 * 64
+
+
+@pytest.mark.parametrize("reason", ["abort", "error", "repetition"])
+def test_a_request_ended_otherwise_than_by_a_stop_or_its_budget_raises(reason):
+    """vLLM's finish reasons besides "stop" and "length" (an internal error, say) are no turn to train on: they
+    raise, where the engine once passed them off as a turn cut at its token budget."""
+    assert stop_reason("stop", "0") is StopReason.stop
+    assert stop_reason("length", "0") is StopReason.length
+    with pytest.raises(RuntimeError, match=f"vLLM ended request 7 with finish_reason '{reason}'"):
+        stop_reason(reason, "7")
 
 
 def test_sampling_a_batch_larger_than_one_prefill_step_works_and_reproduces(engine, policy):

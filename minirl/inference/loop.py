@@ -13,7 +13,8 @@ the batch and its cache, (2) prefills the rows admitted since the last step, who
 (`minirl.inference.decoding.CachedBatch.admit`), and (3) samples one token for every row. A row leaves
 once it samples an end-of-turn token (`StopReason.stop`) or its `max_new_tokens`-th token
 (`StopReason.length`), or when it is evicted (`StopReason.cancelled`); the token it leaves with is never
-fed. A later change can build continuous batching on this: admit a request's rows whenever there is room.
+fed. Rows admitted while others decode join them at the next step: continuous batching (the agent loop
+without a round barrier admits a trajectory's next turn so).
 
 Greedy rows take their argmax together. Rows without a torch.Generator of their own and with the same
 temperature, top-p and top-k draw together from the global torch RNG: one `minirl.inference.sampling.draw`

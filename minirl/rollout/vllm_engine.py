@@ -65,6 +65,18 @@ def sample_seed(seed: int, index: int) -> int:
     return (seed * _SEED_MIX + index) % _SEED_RANGE
 
 
+_STOP_REASONS = {"stop": StopReason.stop, "length": StopReason.length}
+
+
+def stop_reason(finish_reason: str, request_id: str) -> StopReason:
+    """Why vLLM ended a request, as a row's StopReason: only "stop" and "length" end a turn the trainer may learn
+    from; any other ("abort", "error": an internal failure, "repetition") raises, rather than pass the turn off as
+    cut at its token budget."""
+    if finish_reason not in _STOP_REASONS:
+        raise RuntimeError(f"vLLM ended request {request_id} with finish_reason {finish_reason!r}, not stop or length")
+    return _STOP_REASONS[finish_reason]
+
+
 class WeightSync:
     """Mixed into vLLM's worker class (`worker_extension_cls`); `LLM.collective_rpc` calls these methods on
     each worker. Names carry a prefix so that they never shadow the worker's own (vLLM refuses a clash)."""
@@ -205,9 +217,10 @@ class VLLMEngine:
         completions = []
         for out in outputs:
             sample = out.outputs[0]
+            stopped = stop_reason(sample.finish_reason, out.request_id) is StopReason.stop
             tokens = list(sample.token_ids)
             logprobs = [step[token].logprob for step, token in zip(sample.logprobs, tokens)]
-            completions.append(Completion(tokens, logprobs, stopped=sample.finish_reason == "stop"))
+            completions.append(Completion(tokens, logprobs, stopped=stopped))
         return completions
 
     @contextmanager
@@ -271,12 +284,12 @@ class VLLMSession:
                 continue
             sample = out.outputs[0]
             tokens, seen = sample.token_ids, self._seen[out.request_id]  # cumulative: read only the new ones
-            if out.finished and len(tokens) == seen:
+            ended = stop_reason(sample.finish_reason, out.request_id) if out.finished else None
+            if ended is not None and len(tokens) == seen:
                 raise RuntimeError(f"vLLM finished request {out.request_id} without a token: {sample.finish_reason}")
             for index in range(seen, len(tokens)):
                 token = tokens[index]
-                last = out.finished and index == len(tokens) - 1
-                stop = (StopReason.stop if sample.finish_reason == "stop" else StopReason.length) if last else None
+                stop = ended if index == len(tokens) - 1 else None
                 sampled.append(Sampled(int(out.request_id), token, sample.logprobs[index][token].logprob, stop))
             if out.finished:
                 del self._seen[out.request_id]
