@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from minirl.inference.llama_family import LlamaFamilyDecoder, left_padded_columns, supports
+from minirl.inference.llama_family import LlamaFamilyDecoder, stacked_right_aligned, supports
 
 
 def cache_argument(model) -> str:
@@ -156,15 +156,9 @@ class TransformersDecoder:
         narrower side with masked columns in front (see `LlamaFamilyDecoder.join`)."""
         width = max(self.attention.shape[1], attention.shape[1])
         for mine, theirs in zip(self.cache.layers, cache.layers):
-            mine.keys = torch.cat(
-                [left_padded_columns(mine.keys, width, 2), left_padded_columns(theirs.keys, width, 2)]
-            )
-            mine.values = torch.cat(
-                [left_padded_columns(mine.values, width, 2), left_padded_columns(theirs.values, width, 2)]
-            )
-        self.attention = torch.cat(
-            [left_padded_columns(self.attention, width, 1), left_padded_columns(attention, width, 1)]
-        )
+            mine.keys = stacked_right_aligned([mine.keys, theirs.keys], width, 2)
+            mine.values = stacked_right_aligned([mine.values, theirs.values], width, 2)
+        self.attention = stacked_right_aligned([self.attention, attention], width, 1)
 
     def row_cache(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Row `row`'s keys and values per layer, [kv_heads, tokens it attends to, head_dim] each."""

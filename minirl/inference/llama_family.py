@@ -18,11 +18,18 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 FAMILIES = frozenset({"llama", "qwen2", "qwen3"})
 
 
-def left_padded_columns(columns: torch.Tensor, width: int, axis: int) -> torch.Tensor:
-    """`columns` with zero (False) columns put in front along `axis` until it is `width` wide."""
-    shape = list(columns.shape)
-    shape[axis] = width - shape[axis]
-    return torch.cat([columns.new_zeros(shape), columns], dim=axis)
+def stacked_right_aligned(parts: list[torch.Tensor], width: int, axis: int, room: int = 0) -> torch.Tensor:
+    """The rows (dim 0) of `parts` one after another, each part's columns along `axis` ending at column `width`
+    with zero (False) columns in front, and `room` zero columns after: one allocation, each part copied once."""
+    shape = list(parts[0].shape)
+    shape[0], shape[axis] = sum(len(part) for part in parts), width + room
+    stacked = parts[0].new_zeros(shape)
+    start = 0
+    for part in parts:
+        columns = part.shape[axis]
+        stacked[start : start + len(part)].narrow(axis, width - columns, columns).copy_(part)
+        start += len(part)
+    return stacked
 
 
 def supports(model) -> bool:
@@ -72,9 +79,7 @@ class LlamaFamilyDecoder:
         width = max(self.width, attention.shape[1])
 
         def joined(mine: torch.Tensor, theirs: torch.Tensor, axis: int) -> torch.Tensor:
-            mine = mine.narrow(axis, 0, self.width)
-            both = [left_padded_columns(mine, width, axis), left_padded_columns(theirs, width, axis)]
-            return self._widened(torch.cat(both, dim=0))
+            return stacked_right_aligned([mine.narrow(axis, 0, self.width), theirs], width, axis, self.room)
 
         self.keys = [joined(k, layer.keys, 2) for k, layer in zip(self.keys, cache.layers)]
         self.values = [joined(v, layer.values, 2) for v, layer in zip(self.values, cache.layers)]
