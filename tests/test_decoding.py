@@ -133,6 +133,50 @@ def test_prefix_store_finds_the_longest_stored_prefix_with_at_least_one_new_toke
     assert longest(1, 3) is None and longest(2) is None and longest(3, 1) is None
 
 
+def test_a_consuming_store_keeps_a_prefix_until_every_row_that_stored_it_took_it():
+    """Samples of a group that wrote the same turn store the same tokens; each of them, back at its own
+    time, finds them, and the last one takes them out."""
+    store = PrefixStore(consume=True)
+    for _ in range(3):  # three rows left with the same tokens
+        store.add(StoredPrefix((1, 2, 3), [], []))
+    store.add(StoredPrefix((1, 2, 3, 4, 5), [], []))
+    assert store.longest((1, 2, 3, 7)).tokens == (1, 2, 3)  # the first row back
+    assert store.longest((1, 2, 3, 8), rows=2).tokens == (1, 2, 3)  # two rows back in one prefill
+    assert store.longest((1, 2, 3, 9)) is None  # all three took it
+    assert store.longest((1, 2, 3, 4, 5, 6)).tokens == (1, 2, 3, 4, 5)
+    assert store.longest((1, 2, 3, 4, 5, 6)) is None
+
+    keeping = PrefixStore()  # without consume a prefix stays for any number of rows
+    keeping.add(StoredPrefix((1, 2), [], []))
+    assert all(keeping.longest((1, 2, 3), rows=4).tokens == (1, 2) for _ in range(3))
+
+
+def test_rows_that_wrote_the_same_turn_each_encode_only_their_new_tokens_when_they_come_back_apart():
+    """Two rows with one prompt write the same tokens (greedy) and leave together; their next turns, with
+    different observations, are admitted at different steps, and each prefill feeds only what was appended."""
+    model = random_model("qwen2")
+    store = PrefixStore(consume=True)
+    widths = []
+    model.register_forward_pre_hook(lambda _, args, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    prompt = random_prompts([9])[0]
+    greedy = SamplingParams(4, temperature=0.0)
+    with torch.no_grad():
+        loop = DecodeLoop(model, pad_id=0, end_ids=frozenset(), reuse=store, store=store)
+        first = loop.admit([RowRequest(prompt, greedy), RowRequest(prompt, greedy)])
+        other = loop.admit([RowRequest(random_prompts([5], seed=2)[0], SamplingParams(40, temperature=0.0))])[0]
+        sampled = {row: [] for row in first}
+        while any(row in loop.rows for row in first):
+            for s in loop.step():
+                sampled.setdefault(s.row, []).append(s.token)
+        assert sampled[first[0]] == sampled[first[1]]
+        history = prompt + sampled[first[0]]
+        for seed in (3, 4):  # one row's observation is in, a step later the other's
+            loop.admit([RowRequest(history + random_prompts([6], seed=seed)[0], greedy)])
+            loop.step()
+        assert other in loop.rows
+    assert widths == [9, 7, 7]  # the first prefill (prompts deduplicated), then 1 token fed back + 6 appended
+
+
 # -- the decoding loop ----------------------------------------------------------------------------
 
 GREEDY = SamplingParams(12, temperature=0.0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import inspect
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -57,19 +58,26 @@ class PrefixStore:
     with every token its last turn fed the model (token in, token out), so its prefill need only encode what
     was appended since. Valid only for the weights that computed them. With `consume`, a prefix found is
     taken out: the row that extends it holds it in its own cache from then on (an agent loop whose rows come
-    back turn after turn keeps one copy of each conversation, not one per turn)."""
+    back turn after turn keeps one copy of each conversation, not one per turn). Rows that stored the same
+    tokens (samples of a group that wrote the same turn) are counted, and it is taken out at its last use, so
+    each of them finds it however far apart they come back."""
 
     def __init__(self, consume: bool = False) -> None:
         self.consume = consume
         self._prefixes: dict[tuple[int, ...], StoredPrefix] = {}
+        self._stored: dict[tuple[int, ...], int] = {}  # with consume: rows that stored it and have not taken it
         self._order: list[tuple[int, ...]] = []  # sorted token sequences, built at the first lookup
 
     def add(self, prefix: StoredPrefix) -> None:
+        if prefix.tokens not in self._prefixes:
+            self._order = []
         self._prefixes[prefix.tokens] = prefix
-        self._order = []
+        if self.consume:
+            self._stored[prefix.tokens] = self._stored.get(prefix.tokens, 0) + 1
 
-    def longest(self, prompt: tuple[int, ...]) -> StoredPrefix | None:
-        """The longest stored sequence that `prompt` extends by at least one token, or None.
+    def longest(self, prompt: tuple[int, ...], rows: int = 1) -> StoredPrefix | None:
+        """The longest stored sequence that `prompt` extends by at least one token, or None; with `consume`,
+        taken by `rows` rows (those that have this prompt).
 
         In sorted order every stored prefix of `prompt` sits below it, and any sequence between the longest
         one and `prompt` starts with it, so a walk down from `prompt`'s place meets the longest one first."""
@@ -79,8 +87,11 @@ class PrefixStore:
             tokens = self._order[i]
             if prompt[: len(tokens)] == tokens:
                 if self.consume:
-                    self._order = []
-                    return self._prefixes.pop(tokens)
+                    self._stored[tokens] -= rows
+                    if self._stored[tokens] <= 0:
+                        del self._stored[tokens]
+                        self._order = []
+                        return self._prefixes.pop(tokens)
                 return self._prefixes[tokens]
             if tokens[:1] != prompt[:1]:  # sorted: nothing further down shares even the first token
                 return None
@@ -98,8 +109,9 @@ def prefill(
     tokens right-aligned in the last `new_width` (each row's last token in the last column); the padding
     before each part is masked, and position ids count a row's own tokens only."""
     device = next(model.parameters()).device
-    distinct = list(dict.fromkeys(prompts))
-    reused = [reuse.longest(prompt) if reuse is not None else None for prompt in distinct]
+    rows_of = Counter(prompts)  # distinct prompt -> how many rows have it, in first-seen order
+    distinct = list(rows_of)
+    reused = [reuse.longest(prompt, rows_of[prompt]) if reuse is not None else None for prompt in distinct]
     old = [len(prefix.tokens) if prefix is not None else 0 for prefix in reused]  # tokens whose KV is reused
     old_width, reused_lengths = max(old), torch.tensor(old)[:, None]  # [U, 1]
     ids, new_attention = left_padded([prompt[n:] for prompt, n in zip(distinct, old)], pad_id)  # [U, new_width]
