@@ -63,13 +63,14 @@ $(VENV)/.bench-installed: pyproject.toml | $(SETUP)
 	$(PYTHON) -m pip install "$(TORCH_CPU)" -e ".[bench]"
 	touch $@
 
-bench: $(SETUP) $(if $(SETUP),$(VENV)/.bench-installed) ## minirl against TRL's GRPOTrainer and the raw floors; prefill against turns; rollouts against tool latency; steps against group size and length; one step off against tool latency: tables, JSON, PNGs (experiments/bench/results)
+bench: $(SETUP) $(if $(SETUP),$(VENV)/.bench-installed) ## minirl against TRL's GRPOTrainer and the raw floors; prefill against turns; rollouts against tool latency; steps against group size and length; one step off against tool latency; multi-turn tool rollouts against a MiniMind-style loop: tables, JSON, PNGs (experiments/bench/results)
 	$(PYTHON) experiments/bench/run.py
 	$(PYTHON) experiments/bench/run.py --bf16
 	$(PYTHON) experiments/bench/turns.py
 	$(PYTHON) experiments/bench/tool_latency.py
 	$(PYTHON) experiments/bench/scaling.py
 	$(PYTHON) experiments/bench/async_overlap.py
+	$(PYTHON) experiments/bench/agent_rollout.py
 
 # `make parity`: verl and what its core_algos imports, installed with --no-deps into PARITY_DIR, a folder put on
 # PYTHONPATH, so that the project's interpreter, torch and minirl stay as they are (none of this is in `make test`)
