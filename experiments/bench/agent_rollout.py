@@ -142,6 +142,7 @@ def bench_preset(preset: str, overrides: list[str], prompts: int, repeats: int, 
         median = {key: statistics.median(run[key] for run in measured) for key in measured[0]}
         results[way] = median | {"runs_s": [run["seconds"] for run in measured]}
     setup = {
+        "overrides": PRESETS[preset] + overrides,
         "prompts": prompts,
         "group_size": cfg.rollout.group_size,
         "max_turns": cfg.rollout.max_turns,
