@@ -71,6 +71,7 @@ bench: $(SETUP) $(if $(SETUP),$(VENV)/.bench-installed) ## minirl against TRL's 
 	$(PYTHON) experiments/bench/scaling.py
 	$(PYTHON) experiments/bench/async_overlap.py
 	$(PYTHON) experiments/bench/agent_rollout.py
+	$(PYTHON) experiments/bench/agent_rollout.py --temperature 1
 
 # `make parity`: verl and what its core_algos imports, installed with --no-deps into PARITY_DIR, a folder put on
 # PYTHONPATH, so that the project's interpreter, torch and minirl stay as they are (none of this is in `make test`)

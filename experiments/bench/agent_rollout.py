@@ -1,6 +1,7 @@
 """Multi-turn rollouts with the real tools: a MiniMind-style loop against minirl's engines and schedules.
 
-    python experiments/bench/agent_rollout.py [--preset default retool] [--prompts 14] [--repeats 3] [--set K=V ...]
+    python experiments/bench/agent_rollout.py [--preset default retool] [--prompts 14] [--repeats 3]
+        [--temperature 0] [--set KEY=VALUE ...]
 
 One rollout is what a training step of the preset samples: --prompts of its training tasks x rollout.group_size
 samples, through the agent loop, with the preset's tools and turn budgets, on its warm-started tiny model (built
@@ -15,12 +16,15 @@ calls), up to 3 turns; `retool` (experiment=retool): the Python interpreter in t
 - torch, no barrier: the same engine with rollout.barrier=false: a trajectory's calls run while the others
   decode, and its next turn joins the running batch.
 
-Decoding is greedy, so that every way writes the same trajectories (checked: calls and sampled tokens are printed
-for each). Each rollout's seconds are wall time; the ways alternate in order from one repeat to the next, after a
-warm-up rollout of two prompts each; medians of --repeats. Also per way: prefill tokens per trajectory (tokens
-encoded by forward calls that feed more than one token a row, padding excluded), the calls' summed time (tool
-busy) and the wall time during which at least one call ran (tool active). Prints a table and writes
-agent_rollout.json and agent_rollout.png.
+Decoding is greedy by default, so that every way writes the same trajectories (checked: calls and sampled tokens are
+printed for each); greedy, a group's samples are all alike, which the torch engine's prefill of each distinct prompt
+once favours. `--temperature 1` samples as training does (from seed r in repeat r): the ways then draw different
+trajectories, of about the same number of calls and tokens (printed). Each rollout's seconds are wall time; the
+ways alternate in order from one repeat to the next, after a warm-up rollout of two prompts each; medians of
+--repeats. Also per way: prefill tokens per trajectory (tokens encoded by forward calls that feed more than one
+token a row, padding excluded), the calls' summed time (tool busy) and the wall time during which at least one
+call ran (tool active). Prints a table and writes agent_rollout.json and .png (agent_rollout_temperature_T.json
+and .png when sampled).
 """
 
 from __future__ import annotations
@@ -91,51 +95,62 @@ class CallClock:
         return total
 
 
-def rollout(way: str, engines: dict, tokenizer, executor, tasks, cfg, clock: CallClock, counter) -> dict:
-    """One rollout of `tasks` x group size the `way` runs it: its seconds, work and tool time."""
-    engine_name, barrier, alone = WAYS[way]
-    r = cfg.rollout
-    limits, sampling = AgentLimits.from_config(r), SamplingParams.from_config(r, 0.0)
+class PresetRollouts:
+    """A preset's model, engines, tools and training tasks, loaded once, and one rollout of them each way."""
 
-    def run(tasks, group_size):
-        return run_agent(engines[engine_name], tokenizer, executor, tasks, group_size, limits, sampling, cfg.protocol,
-                         barrier=barrier)  # fmt: skip
+    def __init__(self, preset: str, overrides: list[str], prompts: int, temperature: float) -> None:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            self.cfg = to_config(compose("config", overrides=PRESETS[preset] + overrides))
+        path = model_path(self.cfg, Console(stderr=True))
+        self.tokenizer = load_tokenizer(path, self.cfg)
+        model = load_model(path, self.cfg, torch.device("cpu"), trainable=False)
+        self.counter = PrefillCounter(model)
+        self.engines = {name: ENGINES.get(name)(model, self.tokenizer, torch.device("cpu")) for name in ("hf", "torch")}
+        self.executor = ToolExecutor.from_config(self.cfg.tools)
+        self.clock = CallClock(self.executor)
+        self.tasks = DATASETS.get(self.cfg.data.name)(self.cfg.data).train[:prompts]
+        self.sampling = SamplingParams.from_config(self.cfg.rollout, temperature)
 
-    clock.spans, counter.tokens = [], 0
-    started = time.perf_counter()
-    if alone:
-        trajectories = [t for task in tasks for _ in range(r.group_size) for t in run([task], 1)]
-    else:
-        trajectories = run(tasks, r.group_size)
-    seconds = time.perf_counter() - started
-    return {
-        "seconds": seconds,
-        "trajectories": len(trajectories),
-        "calls": sum(len(turn.tool_results) for t in trajectories for turn in t.turns),
-        "sampled_tokens": sum(sum(t.action_mask) for t in trajectories),
-        "prefill_tokens_per_trajectory": counter.tokens / len(trajectories),
-        "tool_busy_s": clock.busy(),
-        "tool_active_s": clock.active(),
-    }
+    def rollout(self, way: str, prompts: int, seed: int) -> dict:
+        """One rollout of the first `prompts` tasks x group size the `way` runs it: its seconds, work and tool time."""
+        engine, barrier, alone = WAYS[way]
+        group_size, limits = self.cfg.rollout.group_size, AgentLimits.from_config(self.cfg.rollout)
+
+        def run(tasks, group_size):
+            return run_agent(self.engines[engine], self.tokenizer, self.executor, tasks, group_size, limits,
+                             self.sampling, self.cfg.protocol, barrier=barrier)  # fmt: skip
+
+        self.engines["torch"].free_memory()  # no keys and values kept from another way's rollout
+        torch.manual_seed(seed)
+        self.clock.spans, self.counter.tokens = [], 0
+        started = time.perf_counter()
+        tasks = self.tasks[:prompts]
+        if alone:
+            trajectories = [t for task in tasks for _ in range(group_size) for t in run([task], 1)]
+        else:
+            trajectories = run(tasks, group_size)
+        seconds = time.perf_counter() - started
+        return {
+            "seconds": seconds,
+            "trajectories": len(trajectories),
+            "calls": sum(len(turn.tool_results) for t in trajectories for turn in t.turns),
+            "sampled_tokens": sum(sum(t.action_mask) for t in trajectories),
+            "prefill_tokens_per_trajectory": self.counter.tokens / len(trajectories),
+            "tool_busy_s": self.clock.busy(),
+            "tool_active_s": self.clock.active(),
+        }
 
 
-def bench_preset(preset: str, overrides: list[str], prompts: int, repeats: int, console: Console) -> dict:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = to_config(compose("config", overrides=PRESETS[preset] + overrides))
-    path = model_path(cfg, Console(stderr=True))
-    tokenizer, model = load_tokenizer(path, cfg), load_model(path, cfg, torch.device("cpu"), trainable=False)
-    counter = PrefillCounter(model)
-    engines = {name: ENGINES.get(name)(model, tokenizer, torch.device("cpu")) for name in ("hf", "torch")}
-    executor = ToolExecutor.from_config(cfg.tools)
-    clock = CallClock(executor)
-    tasks = DATASETS.get(cfg.data.name)(cfg.data).train[:prompts]
+def bench_preset(
+    preset: str, overrides: list[str], prompts: int, repeats: int, temperature: float, console: Console
+) -> dict:
+    bench = PresetRollouts(preset, overrides, prompts, temperature)
     runs: dict[str, list[dict]] = {way: [] for way in WAYS}
     for way in WAYS:  # warm-up: kernels, the sandbox's workers
-        rollout(way, engines, tokenizer, executor, tasks[:2], cfg, clock, counter)
+        bench.rollout(way, 2, seed=0)
     for repeat in range(repeats):
         for way in WAYS if repeat % 2 == 0 else reversed(WAYS):
-            engines["torch"].free_memory()  # no keys and values kept from another way's rollout
-            runs[way].append(rollout(way, engines, tokenizer, executor, tasks, cfg, clock, counter))
+            runs[way].append(bench.rollout(way, prompts, seed=repeat))
             console.print(f"{preset}, {way}: {runs[way][-1]['seconds']:.2f} s", style="dim")
     results = {}
     for way, measured in runs.items():
@@ -143,12 +158,13 @@ def bench_preset(preset: str, overrides: list[str], prompts: int, repeats: int, 
         results[way] = median | {"runs_s": [run["seconds"] for run in measured]}
     setup = {
         "overrides": PRESETS[preset] + overrides,
+        "temperature": temperature,
         "prompts": prompts,
-        "group_size": cfg.rollout.group_size,
-        "max_turns": cfg.rollout.max_turns,
-        "max_new_tokens": cfg.rollout.max_new_tokens,
-        "tools": sorted(executor.tools),
-        "max_concurrent_calls": cfg.tools.max_concurrent_calls,
+        "group_size": bench.cfg.rollout.group_size,
+        "max_turns": bench.cfg.rollout.max_turns,
+        "max_new_tokens": bench.cfg.rollout.max_new_tokens,
+        "tools": sorted(bench.executor.tools),
+        "max_concurrent_calls": bench.cfg.tools.max_concurrent_calls,
     }
     return {"setup": setup, "results": results}
 
@@ -156,7 +172,7 @@ def bench_preset(preset: str, overrides: list[str], prompts: int, repeats: int, 
 def print_table(preset: str, measured: dict, console: Console) -> None:
     setup, results = measured["setup"], measured["results"]
     baseline = results["one at a time (MiniMind-style)"]["seconds"]
-    table = Table(title=f"{preset}: {setup['prompts']} prompts x {setup['group_size']} (greedy), "
+    table = Table(title=f"{preset}: {setup['prompts']} prompts x {setup['group_size']} ({decoding(setup)}), "
                         f"up to {setup['max_turns']} turns, tools {', '.join(setup['tools'])}")  # fmt: skip
     for column in ("way", "rollout", "speed-up", "prefill tokens / traj", "calls", "sampled tokens",
                    "tool busy", "tool active"):  # fmt: skip
@@ -175,6 +191,7 @@ def main() -> None:
     parser.add_argument("--preset", nargs="+", choices=sorted(PRESETS), default=list(PRESETS))
     parser.add_argument("--prompts", type=int, default=14)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (every way the same trajectories)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for every preset")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
@@ -182,12 +199,17 @@ def main() -> None:
     register_configs()
     measured = {}
     for preset in args.preset:
-        measured[preset] = bench_preset(preset, args.set, args.prompts, args.repeats, console)
+        measured[preset] = bench_preset(preset, args.set, args.prompts, args.repeats, args.temperature, console)
         print_table(preset, measured[preset], console)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "agent_rollout.json").write_text(json.dumps(measured, indent=1) + "\n")
-    plot(measured, args.out / "agent_rollout.png")
-    console.print(f"wrote {args.out / 'agent_rollout.json'} and {args.out / 'agent_rollout.png'}")
+    name = "agent_rollout" + (f"_temperature_{args.temperature:g}" if args.temperature else "")
+    (args.out / f"{name}.json").write_text(json.dumps(measured, indent=1) + "\n")
+    plot(measured, args.out / f"{name}.png")
+    console.print(f"wrote {args.out / name}.json and .png")
+
+
+def decoding(setup: dict) -> str:
+    return f"temperature {setup['temperature']:g}" if setup["temperature"] else "greedy"
 
 
 def plot(measured: dict, path: Path) -> None:
@@ -210,7 +232,7 @@ def plot(measured: dict, path: Path) -> None:
         ax.invert_yaxis()
         ax.set_xlim(0, max(seconds) * 1.2)
         ax.set(xlabel="seconds per rollout", title=f"{preset}: {m['setup']['prompts']} prompts x "
-                                                     f"{m['setup']['group_size']}, greedy")  # fmt: skip
+                                                     f"{m['setup']['group_size']}, {decoding(m['setup'])}")  # fmt: skip
         ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
