@@ -58,7 +58,13 @@ def validate(cfg: Config) -> None:
             f"rollout.group_size: algo.adv_estimator={cfg.algo.adv_estimator} compares each sample with the rest of "
             "its group, so a group of 1 never learns; use >= 2 or algo.adv_estimator=reinforce_plus_plus"
         )
-    ENGINES.get(cfg.rollout.engine)
+    engine = ENGINES.get(cfg.rollout.engine)
+    if not cfg.rollout.barrier and not hasattr(engine, "session"):  # no decoding loop that rows join (agent_loop)
+        raise ConfigError(
+            f"rollout.barrier=false: the {cfg.rollout.engine} engine samples a turn of every live trajectory in one "
+            "call, so no trajectory can join while others decode; use rollout=torch or rollout=vllm, or keep the "
+            "barrier"
+        )
     STRATEGIES.get(cfg.trainer.strategy)
     DATASETS.get(cfg.data.name)
     WARM_START_CORPORA.get(cfg.sft.corpus)

@@ -254,6 +254,14 @@ def test_a_group_of_one_is_refused_where_the_baseline_is_the_group():
 
 
 @pytest.mark.fast
+def test_no_barrier_is_refused_on_an_engine_that_samples_every_turn_in_one_call():
+    with pytest.raises(ConfigError, match=r"^rollout.barrier=false: the hf engine samples a turn of every live"):
+        validate(compose_cfg("rollout=hf", "rollout.barrier=false"))
+    validate(compose_cfg("rollout=torch", "rollout.barrier=false"))
+    validate(compose_cfg("rollout=vllm", "rollout.barrier=false"))
+
+
+@pytest.mark.fast
 def test_unknown_group_option_is_one_line_with_the_options():
     with pytest.raises(ConfigError, match=r"unknown loss 'nope'; known: cispo, grpo, gspo$"):
         check_group_choices(["loss=nope"])
