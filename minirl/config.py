@@ -700,11 +700,6 @@ class Config:
             "must be >= 1 under trainer.async_rollout: one step off trains on trajectories one version old",
         )
         _check(
-            self.trainer.strategy == "none",
-            "trainer.async_rollout",
-            f"runs in one process; trainer.strategy={self.trainer.strategy} is not supported with it yet",
-        )
-        _check(
             self.model.lora.dropout == 0,
             "trainer.async_rollout",
             "the rollout draws from the global torch RNG on its worker thread while the update runs, and "

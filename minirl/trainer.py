@@ -104,7 +104,9 @@ class Trainer:
         engine = build_engine(cfg.rollout, self.policy, self.tokenizer, self.device, path)
         # rollouts, rewards and the training tasks; the sampler owns the engine the weight sync writes into
         tasks = TaskQueue(dataset.train, cfg.trainer.seed)
-        self.sampler = Sampler(cfg, engine, self.tokenizer, tasks, scorer, self.world)
+        # one step off gathers its rounds on the worker thread, in a process group of its own (World.own_group)
+        rollout_world = self.world.own_group() if cfg.trainer.async_rollout else self.world
+        self.sampler = Sampler(cfg, engine, self.tokenizer, tasks, scorer, rollout_world)
         self.adv_fn = ADV_ESTIMATORS.get(cfg.algo.adv_estimator)
         self.solved = SUCCESS_CRITERIA.get(cfg.reward.success)  # what the success-rate metrics count
         sampling = SamplingParams.from_config(cfg.rollout, cfg.rollout.temperature)  # log-probs use it too

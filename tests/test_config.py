@@ -183,7 +183,6 @@ def test_out_of_range_values_name_the_key(override, message):
             "a step-old sampler's log-probs are not pi_old: set algo.old_logprobs=recompute",
         ),
         (["experiment=async", "algo.max_staleness=0"], "algo.max_staleness: must be >= 1 under trainer.async_rollout"),
-        (["experiment=async", "trainer.strategy=ddp"], "trainer.strategy=ddp is not supported with it yet"),
         (["experiment=async", "model.lora.r=8", "model.lora.dropout=0.1"], "set model.lora.dropout=0"),
     ],
 )

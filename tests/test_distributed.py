@@ -3,8 +3,9 @@ processes. The gradients before the optimizer step and the weights after an SGD 
 same global batch in every loss.agg mode, under ddp and fsdp2, with gradient checkpointing and with LoRA; the
 same comparison fails when the gradients are summed instead of averaged or never reduced (a forward that skips
 the wrapper). A 2-process training run logs each step once and resumes after `kill -9` of one rank, as if never
-stopped; fsdp2 rolls out rows of unequal lengths on its ranks without a deadlock and resumes from its checkpoint;
-a failure on one rank stops the run and names the rank."""
+stopped, synchronous and one step off (each rank's rollout worker gathers its rounds in a process group of its
+own while the update reduces gradients); fsdp2 rolls out rows of unequal lengths on its ranks without a deadlock
+and resumes from its checkpoint; a failure on one rank stops the run and names the rank."""
 
 from __future__ import annotations
 
@@ -114,13 +115,18 @@ def rank_pids(launcher: subprocess.Popen) -> dict[int, int]:
     return found
 
 
-def test_a_ddp_run_logs_each_step_once_and_resumes_after_kill_9_of_a_rank(cache_dir, tmp_path):
+@pytest.mark.parametrize("one_step_off", [False, True], ids=["synchronous", "one-step-off"])
+def test_a_ddp_run_logs_each_step_once_and_resumes_after_kill_9_of_a_rank(cache_dir, tmp_path, one_step_off):
     steps = ("trainer.steps=12", "trainer.save_every=1", "trainer.strategy=ddp", f"model.cache_dir={cache_dir}")
+    # one step off, each rank's worker gathers the next round while the update's backward reduces gradients
+    steps = (*steps, "experiment=async") if one_step_off else steps
     whole = tmp_path / "whole"
-    done = torchrun("-m", "minirl.train", *RUN, *steps, f"hydra.run.dir={whole}")
+    done = torchrun("-m", "minirl.train", *RUN, *steps, f"hydra.run.dir={whole}", timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     expected = metric_rows(whole)
     assert [row["step"] for row in expected] == list(range(1, 13))  # each step once: rank 0 alone logs
+    if one_step_off:  # every step after the first trained on the rollout sampled during its predecessor's update
+        assert [row["async/staleness_max"] for row in expected] == [0.0] + [1.0] * 11
     assert done.stdout.count("step    3/12") == 1
     assert json.loads((whole / "job.json").read_text())["attempts"] == 1
 
@@ -142,7 +148,9 @@ def test_a_ddp_run_logs_each_step_once_and_resumes_after_kill_9_of_a_rank(cache_
     assert "resuming from" in resumed.stdout
     rows = metric_rows(killed)
     assert [row["step"] for row in rows] == list(range(1, 13))
-    for row, want in zip(rows, expected):  # both ranks' weights, optimizer, RNG streams and data position resumed
+    # both ranks' weights, optimizer, RNG streams and data position resumed; one step off, the rollout sampled
+    # for the step after the checkpoint too
+    for row, want in zip(rows, expected):
         for key in ("reward/mean", "rollout/sampled_tokens", "loss/policy", "grad_norm"):
             assert row.get(key) == pytest.approx(want.get(key), abs=1e-6), (row["step"], key)
 

@@ -5,10 +5,12 @@ identity. The backend follows the device: NCCL on CUDA, gloo on CPU.
     world = World.from_env(device)     # device: the trainer's; on CUDA each rank takes cuda:LOCAL_RANK
     rounds = world.gather(my_trajs)    # [rank 0's, rank 1's, ...] on every rank
     world.sum_(logp)                   # in place: the sum over ranks
+    rollouts = world.own_group()       # the same ranks in a group of their own, for collectives on another thread
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import sys
@@ -28,6 +30,7 @@ class World:
     size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")  # where this rank computes; collectives' tensors travel there
+    group: Any = None  # the process group the collectives run in; None: the default one (from_env's)
 
     @classmethod
     def from_env(cls, device: torch.device) -> World:
@@ -45,6 +48,15 @@ class World:
             dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
         return cls(rank, size, local_rank, device)
 
+    def own_group(self) -> World:
+        """The same ranks in a gloo process group of their own, its collectives' tensors on the CPU: a thread may
+        run them while another runs the default group's (one step off's rollout, gathering its groups, during
+        the update, whose DDP or FSDP2 backward reduces gradients). A group serves one thread, and its collectives
+        run in the same order on every rank. Every rank calls this, in the same order."""
+        if self.size == 1:
+            return self
+        return dataclasses.replace(self, device=torch.device("cpu"), group=dist.new_group(backend="gloo"))
+
     @property
     def is_main(self) -> bool:
         """Rank 0: the one that logs, evaluates and writes checkpoints."""
@@ -60,7 +72,7 @@ class World:
         if self.size == 1:
             return [obj]
         out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def broadcast(self, obj: T) -> T:
@@ -68,20 +80,20 @@ class World:
         if self.size == 1:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor` summed over ranks, in place (it travels to this rank's device and back); returns it."""
         if self.size > 1:
             moved = tensor.to(self.device)
-            dist.all_reduce(moved, op=dist.ReduceOp.SUM)
+            dist.all_reduce(moved, op=dist.ReduceOp.SUM, group=self.group)
             tensor.copy_(moved)
         return tensor
 
     def barrier(self) -> None:
         if self.size > 1:
-            dist.barrier()
+            dist.barrier(group=self.group)
 
     def close(self, failed: BaseException | None = None) -> None:
         """Leave the process group once the run is over; after this rank `failed`, at once (the others may be
