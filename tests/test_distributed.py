@@ -5,7 +5,7 @@ same comparison fails when the gradients are summed instead of averaged or never
 the wrapper). A 2-process training run logs each step once and resumes after `kill -9` of one rank, as if never
 stopped, synchronous and one step off (each rank's rollout worker gathers its rounds in a process group of its
 own while the update reduces gradients); fsdp2 rolls out rows of unequal lengths on its ranks without a deadlock
-and resumes from its checkpoint; a failure on one rank stops the run and names the rank."""
+and resumes from its checkpoint, both ways; a failure on one rank stops the run and names the rank."""
 
 from __future__ import annotations
 
@@ -155,12 +155,15 @@ def test_a_ddp_run_logs_each_step_once_and_resumes_after_kill_9_of_a_rank(cache_
             assert row.get(key) == pytest.approx(want.get(key), abs=1e-6), (row["step"], key)
 
 
-def test_fsdp2_rolls_out_unequal_lengths_on_its_ranks_and_resumes_from_its_checkpoint(cache_dir, tmp_path):
+@pytest.mark.parametrize("one_step_off", [False, True], ids=["synchronous", "one-step-off"])
+def test_fsdp2_rolls_out_unequal_lengths_on_its_ranks_and_resumes_from_its_checkpoint(
+    cache_dir, tmp_path, one_step_off
+):
     run_dir = tmp_path / "fsdp2"
     common = (*RUN, "trainer.strategy=fsdp2", "trainer.save_every=1", "rollout.max_new_tokens=64")
-    common = (*common, f"model.cache_dir={cache_dir}")
+    common = (*common, f"model.cache_dir={cache_dir}", *(["experiment=async"] if one_step_off else []))
     done = torchrun("-m", "minirl.train", *common, "trainer.steps=3", "trainer.trajectories_every=1",
-                    f"hydra.run.dir={run_dir}")  # fmt: skip
+                    f"hydra.run.dir={run_dir}", timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
     unequal = 0
