@@ -121,7 +121,7 @@ def test_a_ddp_run_logs_each_step_once_and_resumes_after_kill_9_of_a_rank(cache_
     # one step off, each rank's worker gathers the next round while the update's backward reduces gradients
     steps = (*steps, "experiment=async") if one_step_off else steps
     whole = tmp_path / "whole"
-    done = torchrun("-m", "minirl.train", *RUN, *steps, f"hydra.run.dir={whole}", timeout=120)
+    done = torchrun("-m", "minirl.train", *RUN, *steps, f"hydra.run.dir={whole}")
     assert done.returncode == 0, done.stderr[-3000:]
     expected = metric_rows(whole)
     assert [row["step"] for row in expected] == list(range(1, 13))  # each step once: rank 0 alone logs
@@ -163,7 +163,7 @@ def test_fsdp2_rolls_out_unequal_lengths_on_its_ranks_and_resumes_from_its_check
     common = (*RUN, "trainer.strategy=fsdp2", "trainer.save_every=1", "rollout.max_new_tokens=64")
     common = (*common, f"model.cache_dir={cache_dir}", *(["experiment=async"] if one_step_off else []))
     done = torchrun("-m", "minirl.train", *common, "trainer.steps=3", "trainer.trajectories_every=1",
-                    f"hydra.run.dir={run_dir}", timeout=120)  # fmt: skip
+                    f"hydra.run.dir={run_dir}")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
     unequal = 0
