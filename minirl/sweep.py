@@ -188,6 +188,7 @@ class Job:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "threads": None,
+            "cpu_capability": None,
             "first_started": before.get("first_started", before.get("started", now)),  # the report's order
             "started": now,
             "ended": None,
@@ -200,9 +201,10 @@ class Job:
 
     def end(self, status: JobStatus, **fields) -> None:
         ended = time.time()
-        torch = sys.modules.get("torch")  # the threads it ran with, if it loaded torch (never loaded here)
-        threads = torch.get_num_threads() if torch is not None else None
-        self.record.update(status=status.value, ended=ended, wall_s=ended - self.record["started"], threads=threads)
+        torch = sys.modules.get("torch")  # what it ran with, if it loaded torch (never loaded here)
+        if torch is not None:  # a run's float rounding, so its values bit for bit, follow both
+            self.record.update(threads=torch.get_num_threads(), cpu_capability=torch.backends.cpu.get_cpu_capability())
+        self.record.update(status=status.value, ended=ended, wall_s=ended - self.record["started"])
         self.record.update(fields)
         if self.writes:
             write_job(self.run_dir, self.record)

@@ -16,6 +16,7 @@ from pathlib import Path
 from statistics import fmean, stdev
 
 import pytest
+import torch
 import yaml
 from omegaconf import OmegaConf
 from rich.console import Console
@@ -73,7 +74,9 @@ def sorted_ends(sweep: Path, loss: str) -> list[float]:
 def test_a_2x3_sweep_folds_into_the_numbers_of_its_jobs_metrics_files(cache_dir, tmp_path):
     sweep = tmp_path / "sweep"
     train(cache_dir, sweep, "loss=grpo,cispo", "trainer.seed=0,1,2", "trainer.steps=3")
-    assert len(jobs(sweep)) == 6 and all(read_job(job)["status"] == "finished" for job in jobs(sweep))
+    records = [read_job(job) for job in jobs(sweep)]
+    assert len(records) == 6 and {r["status"] for r in records} == {"finished"}
+    assert {r["cpu_capability"] for r in records} == {torch.backends.cpu.get_cpu_capability()}  # what rounding follows
     proc, table = report(sweep, "--baseline", "loss=grpo")
     assert "eval/success_rate (points): mean ± sd over trainer.seed" in proc.stdout
     assert (sweep / "report.html").is_file() and "learning_curves.svg" in proc.stdout

@@ -25,6 +25,7 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
+import torch
 import workload
 from rich.console import Console
 from rich.table import Table
@@ -37,7 +38,9 @@ def machine() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())  # fmt: skip
     packages = {name: version(name) for name in ("torch", "transformers", "trl", "minirl")}
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), **packages}
+    kernels = torch.backends.cpu.get_cpu_capability()  # AVX2, AVX512, ...: what the kernels' speed follows
+    return {"cpu": cpu, "cpu_capability": kernels, "cores": os.cpu_count(), "python": platform.python_version(),
+            **packages}  # fmt: skip
 
 
 def _json_line(out: str) -> dict:

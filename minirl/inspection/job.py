@@ -3,14 +3,16 @@ command (minirl/sweep.py); the sweep report (`python -m minirl.report`) and a re
 
     {"status": "finished", "command": "train", "overrides": ["loss=cispo", "trainer.seed=1"],
      "swept": ["loss", "trainer.seed"], "job_num": 3, "attempts": 1, "host": "box", "pid": 4242, "threads": 2,
-     "first_started": 1764670000.0, "started": 1764670000.0, "ended": 1764670183.2, "wall_s": 183.2,
-     "objective": 0.469, "error": null}
+     "cpu_capability": "AVX512", "first_started": 1764670000.0, "started": 1764670000.0, "ended": 1764670183.2,
+     "wall_s": 183.2, "objective": 0.469, "error": null}
 
 `overrides` are the job's own (Hydra's task overrides), the ones that made what the directory holds: a rerun
 checks them before it skips or resumes the job. `first_started` is when its first attempt started (the report
 lists runs in that order), `started` its last's; `wall_s` is the job's last attempt, from the start of the
-command to its end (a model build and the held-out evaluations included). `error` is the failure's last line,
-`traceback` the whole of it.
+command to its end (a model build and the held-out evaluations included). `threads` and `cpu_capability` (the
+vector instructions torch's kernels use on this CPU: AVX2, AVX512, ...) set a run's float rounding: a seed repeats
+its run bit for bit where both are the same, and may part from it in the last bits where either differs. `error`
+is the failure's last line, `traceback` the whole of it.
 """
 
 from __future__ import annotations
