@@ -551,7 +551,7 @@ class TrainerConfig:
     # share of the cores (minirl/sweep.py). Part of what makes a run repeat: the same seed and thread count
     threads: int = 0
     # the update's forwards and backwards under bfloat16 autocast; the weights, their gradients and Adam's state
-    # stay in model.dtype (CUDA, or a CPU with bf16 kernels)
+    # stay in model.dtype (CUDA, or a CPU with bf16 kernels: without them the run warns at start-up)
     bf16_autocast: bool = False
     # how the policy spreads over the processes of `torchrun --nproc_per_node N -m minirl.train` (minirl/distributed/):
     # none (one process) | ddp (a replica per rank, gradients averaged) | fsdp2 (sharded; experimental)

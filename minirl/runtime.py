@@ -46,6 +46,12 @@ def resolve_device(name: str, deterministic: bool = False, key: str = "trainer.d
     return device
 
 
+def bf16_emulated(device: torch.device) -> bool:
+    """Whether bfloat16 math on `device` is emulated: a CPU oneDNN has no bf16 kernels for (one with AVX2 and no
+    AVX-512, say), where `make bench`'s update took 26x as long under bf16 autocast as in float32."""
+    return device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def choose_cuda_attention(deterministic: bool) -> None:
     """cuDNN's fused attention builds a graph for each new sequence length (hundreds of ms each), and
     rollouts and updates bring new lengths every step, so it is off. The other fused kernels' backward

@@ -34,7 +34,7 @@ from rich.console import Console
 
 from minirl.algos.advantages import ADV_ESTIMATORS
 from minirl.bootstrap import model_path
-from minirl.config import Config, Resume
+from minirl.config import Config, DType, Resume
 from minirl.data import DATASETS
 from minirl.distributed.strategies import STRATEGIES
 from minirl.distributed.world import World
@@ -50,7 +50,7 @@ from minirl.protocol.chat import template_fit, thinking_views
 from minirl.rewards import SUCCESS_CRITERIA, score_all
 from minirl.rollout.engine import build_engine
 from minirl.rollout.trajectory import Trajectory
-from minirl.runtime import rank_seed, resolve_device, seed_everything
+from minirl.runtime import bf16_emulated, rank_seed, resolve_device, seed_everything
 from minirl.tools.base import check_offered_tools
 from minirl.tracking import MutedTracker, Tracker
 from minirl.training import console as lines
@@ -84,6 +84,8 @@ class Trainer:
         self.world = world or World.from_env(resolve_device(cfg.trainer.device, cfg.trainer.deterministic))
         self.cfg, self.device = cfg, self.world.device
         self.console = (console or Console()) if self.world.is_main else Console(quiet=True)  # rank 0 alone prints
+        if (cfg.model.dtype is DType.bfloat16 or cfg.trainer.bf16_autocast) and bf16_emulated(self.device):
+            self.console.print(lines.emulated_bf16_warning(torch.backends.cpu.get_cpu_capability()))
         self.run_dir = Path(self.world.broadcast(cfg.output_dir))  # rank 0's, should the ranks' clocks differ
         dataset = DATASETS.get(cfg.data.name)(cfg.data)
         self.heldout, self.skipped_rows = dataset.heldout, dataset.skipped

@@ -1,7 +1,8 @@
 """Memory options of the update with the real trainer on the debug preset: gradient checkpointing
 (model.gradient_checkpointing) gives the update the same gradients, the shared-prompt forward included (which
 under checkpointing falls back to encoding every row: transformers' checkpointed layers drop a KV cache), with
-full weights and with LoRA; bf16 autocast (trainer.bf16_autocast) keeps the weights in their dtype."""
+full weights and with LoRA; bf16 autocast (trainer.bf16_autocast) keeps the weights in their dtype, and a run
+asking for bf16 on a CPU that emulates it says so at start-up."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from support import debug_config
 
 from minirl.bootstrap import model_path
 from minirl.inference.decoding import drops_cache, prompt_shared_logits
+from minirl.runtime import bf16_emulated
 from minirl.trainer import Trainer
 
 # two steps, prompts shared by their groups' rows (group_size 2), a micro-batch of 2: the shared-prompt forward runs
@@ -58,3 +60,13 @@ def test_bf16_autocast_updates_float32_weights(cache_dir, tmp_path):
     trainer, metrics = one_step(cache_dir, tmp_path, "trainer.bf16_autocast=true")
     assert metrics["grad_norm"] > 0 and metrics["faults/skipped_updates"] == 0
     assert {p.dtype for p in trainer.policy.parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize("bf16", [(), ("trainer.bf16_autocast=true",), ("model.dtype=bfloat16",)],
+                         ids=["float32", "autocast", "bf16-weights"])  # fmt: skip
+def test_bf16_on_a_cpu_without_bf16_kernels_is_warned_of_at_start_up(cache_dir, tmp_path, bf16):
+    cfg = debug_config(cache_dir, tmp_path, "trainer.device=cpu", *bf16)
+    console = Console(record=True, width=400)
+    Trainer(cfg, model_path(cfg, Console(quiet=True)), console)
+    warned = "on a CPU without bf16 kernels" in console.export_text()
+    assert warned == (bool(bf16) and bf16_emulated(torch.device("cpu")))  # this machine's kernels decide

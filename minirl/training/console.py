@@ -45,6 +45,17 @@ def stale_sync_warning(step: int, engine: str, gap: float, gap_prev: float) -> s
     )
 
 
+def emulated_bf16_warning(kernels: str) -> str:
+    """bfloat16 asked for on a CPU whose kernels (`kernels`: torch's CPU capability) emulate it
+    (minirl.runtime.bf16_emulated)."""
+    return (
+        "[bold red]warning[/]: bfloat16 (model.dtype or trainer.bf16_autocast) on a CPU without bf16 kernels "
+        f"(torch's are {kernels}): bf16 math is "
+        "emulated here, and `make bench`'s update took 26x as long under bf16 autocast as in float32 on such a "
+        "CPU (experiments/README.md); float32 is faster on this machine"
+    )
+
+
 def construction_line(construction: str, tool_rounds: int | None) -> str:
     """Which next-prompt construction the chat template needs, and for how many tool rounds in a row (None: any
     number; minirl/protocol/chat.py)."""
