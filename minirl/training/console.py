@@ -50,9 +50,8 @@ def emulated_bf16_warning(kernels: str) -> str:
     (minirl.runtime.bf16_emulated)."""
     return (
         "[bold red]warning[/]: bfloat16 (model.dtype or trainer.bf16_autocast) on a CPU without bf16 kernels "
-        f"(torch's are {kernels}): bf16 math is "
-        "emulated here, and `make bench`'s update took 26x as long under bf16 autocast as in float32 on such a "
-        "CPU (experiments/README.md); float32 is faster on this machine"
+        f"(torch's are {kernels}): bf16 math is emulated here, and `make bench`'s update took 26x as long under "
+        "bf16 autocast as in float32 on such a CPU (experiments/README.md); float32 is faster on this machine"
     )
 
 
